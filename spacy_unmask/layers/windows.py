@@ -1,0 +1,142 @@
+"""From spaCy docs to padded piece batches, and back to one row per spaCy token.
+
+Docs are tokenized as running text (so the decoder sees text as it was trained
+on it), pieces are aligned to spaCy tokens by character offsets, long docs are
+cut into overlapping windows, and windows are grouped by length into padded
+sub-batches. All of it is numpy; nothing here loops over tokens in Python.
+"""
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence
+
+import numpy as np
+from spacy.tokens import Doc
+
+
+@dataclass
+class PieceBatch:
+    """The decoder inputs for a list of docs, and where each token's pieces land.
+
+    `sub_batches` holds (ids, mask) int64 arrays of shape (rows, length), right
+    padded. Rows of all sub-batches, flattened and concatenated, form one table
+    of piece positions; `token_first[d]` / `token_last[d]` give, for each token
+    of doc d, the table rows of its first and last piece (-1: no piece).
+    `pairs_token` / `pairs_row` list every (token, piece row) pair, for mean pooling.
+    """
+
+    sub_batches: List[tuple] = field(default_factory=list)
+    token_first: List[np.ndarray] = field(default_factory=list)
+    token_last: List[np.ndarray] = field(default_factory=list)
+    pairs_token: Optional[np.ndarray] = None
+    pairs_row: Optional[np.ndarray] = None
+
+    @property
+    def lengths(self) -> List[int]:
+        return [len(first) for first in self.token_first]
+
+
+def align_pieces(token_starts, token_ends, piece_starts, piece_ends):
+    """First and last piece overlapping each token's characters; -1 where none does."""
+    real = np.flatnonzero(piece_ends > piece_starts)  # an empty span covers no character
+    if len(real) == 0:
+        none = np.full(len(token_starts), -1, dtype=np.int64)
+        return none, none.copy()
+    starts = piece_starts[real]
+    ends = np.maximum.accumulate(piece_ends[real])
+    first = np.searchsorted(ends, token_starts, side="right")  # first piece ending after the token starts
+    last = np.searchsorted(starts, token_ends, side="left") - 1  # last piece starting before it ends
+    valid = first <= last
+    first_out = np.where(valid, real[np.minimum(first, len(real) - 1)], -1)
+    last_out = np.where(valid, real[np.maximum(last, 0)], -1)
+    return first_out.astype(np.int64), last_out.astype(np.int64)
+
+
+def window_starts(num_pieces: int, window: int, stride: int) -> np.ndarray:
+    """Start offsets of overlapping windows that together cover every piece."""
+    if num_pieces <= window:
+        return np.zeros(1, dtype=np.int64)
+    starts = list(range(0, num_pieces - window + 1, stride))
+    if starts[-1] + window < num_pieces:
+        starts.append(num_pieces - window)
+    return np.asarray(starts, dtype=np.int64)
+
+
+def assign_windows(num_pieces: int, starts: np.ndarray, window: int) -> np.ndarray:
+    """For each piece, the window in which it sits furthest from either edge."""
+    pieces = np.arange(num_pieces)[:, None]
+    left = pieces - starts[None, :]
+    right = starts[None, :] + window - 1 - pieces
+    margin = np.minimum(left, right)
+    margin[(left < 0) | (right < 0)] = -1
+    return margin.argmax(axis=1)
+
+
+def plan_batch(
+    docs: Sequence[Doc],
+    tokenizer,
+    *,
+    window: int,
+    stride: int,
+    bos_id: Optional[int],
+    max_batch_pieces: int,
+    pad_id: int = 0,
+) -> PieceBatch:
+    """Tokenize, align, window and group `docs` for one pass of the decoder."""
+    texts = [doc.text for doc in docs]
+    encoded = tokenizer(
+        texts, add_special_tokens=False, return_offsets_mapping=True, return_attention_mask=False
+    )
+    extra = 0 if bos_id is None else 1
+    windows = []  # (doc index, start, pieces array)
+    doc_piece_window: List[tuple] = []
+    for d, doc in enumerate(docs):
+        ids = np.asarray(encoded["input_ids"][d], dtype=np.int64)
+        offsets = np.asarray(encoded["offset_mapping"][d], dtype=np.int64).reshape(-1, 2)
+        starts = window_starts(len(ids), window, stride) if len(ids) else np.zeros(0, dtype=np.int64)
+        owner = assign_windows(len(ids), starts, window) if len(ids) else np.zeros(0, dtype=np.int64)
+        first_window = len(windows)
+        for start in starts:
+            windows.append((d, int(start), ids[start : start + window]))
+        doc_piece_window.append((first_window, starts, owner, offsets))
+
+    # Group windows by length so that padding stays small.
+    order = sorted(range(len(windows)), key=lambda w: -len(windows[w][2]))
+    window_row = np.zeros(len(windows), dtype=np.int64)  # table row of each window's first content piece
+    batch = PieceBatch()
+    row_offset = 0
+    position = 0
+    while position < len(order):
+        length = len(windows[order[position]][2]) + extra
+        rows = max(1, max_batch_pieces // max(length, 1))
+        members = order[position : position + rows]
+        ids = np.full((len(members), length), pad_id, dtype=np.int64)
+        mask = np.zeros((len(members), length), dtype=np.int64)
+        for r, w in enumerate(members):
+            pieces = windows[w][2]
+            if extra:
+                ids[r, 0] = bos_id
+            ids[r, extra : extra + len(pieces)] = pieces
+            mask[r, : extra + len(pieces)] = 1
+            window_row[w] = row_offset + r * length + extra
+        batch.sub_batches.append((ids, mask))
+        row_offset += len(members) * length
+        position += len(members)
+
+    pairs_token, pairs_row = [], []
+    token_offset = 0
+    for doc, (first_window, starts, owner, offsets) in zip(docs, doc_piece_window):
+        piece_rows = window_row[first_window + owner] + (np.arange(len(owner)) - starts[owner])
+        token_starts = np.fromiter((t.idx for t in doc), dtype=np.int64, count=len(doc))
+        token_ends = token_starts + np.fromiter((len(t.text) for t in doc), dtype=np.int64, count=len(doc))
+        first, last = align_pieces(token_starts, token_ends, offsets[:, 0], offsets[:, 1])
+        has = first >= 0
+        batch.token_first.append(np.where(has, piece_rows[np.maximum(first, 0)] if len(piece_rows) else -1, -1))
+        batch.token_last.append(np.where(has, piece_rows[np.maximum(last, 0)] if len(piece_rows) else -1, -1))
+        spans = (last - first + 1) * has
+        tokens = np.repeat(np.arange(len(doc)), spans)
+        piece_index = np.repeat(first, spans) + (np.arange(spans.sum()) - np.repeat(np.cumsum(spans) - spans, spans))
+        pairs_token.append(tokens + token_offset)
+        pairs_row.append(piece_rows[piece_index] if len(piece_index) else np.zeros(0, dtype=np.int64))
+        token_offset += len(doc)
+    batch.pairs_token = np.concatenate(pairs_token) if pairs_token else np.zeros(0, dtype=np.int64)
+    batch.pairs_row = np.concatenate(pairs_row) if pairs_row else np.zeros(0, dtype=np.int64)
+    return batch

@@ -1,0 +1,180 @@
+"""`unmask_ner`: token-classification NER on a decoder backbone, as in the papers.
+
+Dropout and a softmax layer over BILUO (or BIO) tags on top of the per-token
+vectors; cross-entropy on the gold tags of `Example.get_aligned_ner()` (tokens
+whose gold tag is missing or misaligned are left out of the loss); constrained
+Viterbi decoding, so every predicted entity is a well-formed span.
+"""
+from itertools import islice
+from typing import Callable, Dict, Iterable, List, Optional, Sequence
+
+import numpy as np
+from spacy.language import Language
+from spacy.pipeline import TrainablePipe
+from spacy.tokens import Doc, Span
+from spacy.training import Example, biluo_tags_to_spans, biluo_to_iob, iob_to_biluo
+from spacy.util import registry
+from thinc.api import Config
+from thinc.api import Model, SequenceCategoricalCrossentropy, chain, with_array
+from thinc.types import Floats2d
+
+from .viterbi import tag_names, transition_rules, viterbi
+
+DEFAULT_CONFIG = """
+[model]
+@architectures = "spacy_unmask.TokenClassifier.v1"
+dropout = 0.1
+
+[model.tok2vec]
+@architectures = "spacy_unmask.DecoderTok2Vec.v1"
+name = "smollm2-135m"
+unmask = "all"
+"""
+
+
+@registry.architectures("spacy_unmask.TokenClassifier.v1")
+def TokenClassifier(tok2vec: Model[List[Doc], List[Floats2d]], dropout: float = 0.1, nO: Optional[int] = None):
+    """Dropout and a softmax layer over tags, on top of any tok2vec."""
+    from thinc.api import Dropout, Softmax_v2
+
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+    head = with_array(chain(Dropout(dropout), Softmax_v2(nO=nO, normalize_outputs=False)))
+    model = chain(tok2vec, head)
+    model.set_ref("tok2vec", tok2vec)
+    model.set_ref("output_layer", head.layers[0].layers[1])
+    return model
+
+
+@Language.factory(
+    "unmask_ner",
+    assigns=["doc.ents", "token.ent_iob", "token.ent_type"],
+    default_config={
+        "model": Config().from_str(DEFAULT_CONFIG)["model"],
+        "scheme": "BILUO",
+        "scorer": {"@scorers": "spacy.ner_scorer.v1"},
+    },
+    default_score_weights={"ents_f": 1.0, "ents_p": 0.0, "ents_r": 0.0, "ents_per_type": None},
+)
+def make_unmask_ner(nlp: Language, name: str, model: Model, scheme: str, scorer: Optional[Callable]):
+    """Token-classification NER with constrained decoding.
+
+    scheme (str): "BILUO" (default) or "BIO" tags for the softmax layer.
+    """
+    return UnmaskNER(nlp.vocab, model, name, scheme=scheme, scorer=scorer)
+
+
+class UnmaskNER(TrainablePipe):
+    def __init__(self, vocab, model: Model, name: str = "unmask_ner", *, scheme: str = "BILUO", scorer=None):
+        tag_names([], scheme)  # validates the scheme
+        self.vocab = vocab
+        self.model = model
+        self.name = name
+        self.scorer = scorer
+        self.cfg: Dict = {"labels": [], "scheme": scheme}
+        self._rules = None
+
+    @property
+    def labels(self) -> tuple:
+        return tuple(self.cfg["labels"])
+
+    @property
+    def tags(self) -> List[str]:
+        return tag_names(self.cfg["labels"], self.cfg["scheme"])
+
+    def add_label(self, label: str) -> int:
+        if label in self.cfg["labels"]:
+            return 0
+        if self.model.get_ref("output_layer").has_dim("nO"):
+            raise ValueError(f"cannot add label {label!r} to an initialised unmask_ner; re-initialise it")
+        self.cfg["labels"].append(label)
+        self._rules = None
+        return 1
+
+    def initialize(self, get_examples: Callable[[], Iterable[Example]], *, nlp=None, labels=None):
+        self._require_labels_from(get_examples, labels)
+        sample = [eg.reference for eg in islice(get_examples(), 10)]
+        self.model.get_ref("output_layer").set_dim("nO", len(self.tags))
+        self.model.initialize(X=sample)
+
+    def _require_labels_from(self, get_examples, labels) -> None:
+        found = set(labels or [])
+        if labels is None:
+            for eg in get_examples():
+                found.update(ent.label_ for ent in eg.reference.ents)
+        for label in sorted(found):
+            self.add_label(label)
+        if not self.cfg["labels"]:
+            raise ValueError(
+                f"[{self.name}] no entity labels: the training examples have no entities "
+                "and no labels were given in [initialize.components]"
+            )
+
+    def predict(self, docs: List[Doc]) -> List[np.ndarray]:
+        if not any(len(doc) for doc in docs):
+            return [np.zeros(0, dtype=np.int64) for _ in docs]
+        scores = self.model.predict(docs)
+        allowed, start, end = self._transition_rules()
+        return [
+            viterbi(np.log(np.maximum(self.model.ops.to_numpy(s), 1e-12)), allowed, start, end)
+            for s in scores
+        ]
+
+    def _transition_rules(self):
+        if self._rules is None:
+            self._rules = transition_rules(self.tags, self.cfg["scheme"])
+        return self._rules
+
+    def set_annotations(self, docs: List[Doc], tag_ids: List[np.ndarray]) -> None:
+        tags = self.tags
+        for doc, ids in zip(docs, tag_ids):
+            doc.ents = self.spans(doc, [tags[i] for i in ids])
+
+    def spans(self, doc: Doc, tags: Sequence[str]) -> List[Span]:
+        biluo = list(tags) if self.cfg["scheme"] == "BILUO" else iob_to_biluo(list(tags))
+        return biluo_tags_to_spans(doc, biluo)
+
+    def update(self, examples: Iterable[Example], *, drop: float = 0.0, sgd=None, losses=None):
+        losses = {} if losses is None else losses
+        losses.setdefault(self.name, 0.0)
+        examples = list(examples)
+        docs = [eg.predicted for eg in examples]
+        if not any(len(doc) for doc in docs):
+            return losses
+        scores, backprop = self.model.begin_update(docs)
+        loss, d_scores = self.get_loss(examples, scores)
+        if not np.isfinite(loss):
+            raise ValueError(f"[{self.name}] the loss is {loss}: training diverged; lower the learning rate")
+        backprop(d_scores)
+        if sgd is not None:
+            self.finish_update(sgd)
+        losses[self.name] += loss
+        return losses
+
+    def get_loss(self, examples: Iterable[Example], scores: List[Floats2d]):
+        known = set(self.tags)
+        truths = []
+        for eg in examples:
+            gold = eg.get_aligned_ner()
+            if self.cfg["scheme"] == "BIO":
+                gold = _biluo_to_bio_keep_missing(gold)
+            # Missing ("-") or misaligned (None) gold tags carry no signal.
+            truths.append([tag if tag in known else None for tag in gold])
+        loss_func = SequenceCategoricalCrossentropy(names=self.tags, normalize=False, missing_value=None)
+        d_scores, loss = loss_func(scores, truths)
+        return float(loss), d_scores
+
+
+def _biluo_to_bio_keep_missing(tags: List[Optional[str]]) -> List[Optional[str]]:
+    out: List[Optional[str]] = [None] * len(tags)
+    start = 0
+    while start < len(tags):
+        if tags[start] in (None, "-"):
+            start += 1
+            continue
+        end = start
+        while end < len(tags) and tags[end] not in (None, "-"):
+            end += 1
+        out[start:end] = biluo_to_iob(tags[start:end])
+        start = end
+    return out
