@@ -158,7 +158,7 @@ def apply_finetuning(
     lora_r: int = 16,
     lora_alpha: int = 32,
     lora_dropout: float = 0.1,
-    lora_targets: Sequence[str] = ("q_proj", "k_proj", "v_proj", "o_proj"),
+    lora_targets: Sequence[str] = ("attention",),
 ):
     """Make only the weights of the chosen fine-tuning mode trainable."""
     if finetune not in FINETUNE_MODES:
@@ -172,6 +172,7 @@ def apply_finetuning(
     if finetune == "frozen":
         return model
     available = linear_module_names(model)
+    lora_targets = expand_targets(model, lora_targets)
     missing = [t for t in lora_targets if t not in available]
     if missing or not lora_targets:
         raise ValueError(
@@ -198,6 +199,18 @@ def apply_finetuning(
         if "lora_" in param_name:
             param.data = param.data.float()
     return model
+
+
+def expand_targets(model, targets: Sequence[str]) -> List[str]:
+    """Replace "attention" by the model's attention projections (q/k/v/o, or Phi-3's qkv/o)."""
+    expanded: List[str] = []
+    for target in targets:
+        if target == "attention":
+            attention = decoder_layers(model)[0].self_attn
+            expanded.extend(n for n, m in attention.named_children() if isinstance(m, nn.Linear))
+        else:
+            expanded.append(target)
+    return expanded
 
 
 class UnmaskedDecoder(nn.Module):

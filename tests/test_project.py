@@ -1,0 +1,338 @@
+"""The spacy project (project.yml) and its data/report scripts, on tiny inputs (seconds)."""
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import srsly
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "scripts"
+
+
+def load_script(name):
+    spec = importlib.util.spec_from_file_location(f"project_script_{name}", SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+convert_corpus = load_script("convert_corpus")
+report = load_script("report")
+timed = load_script("timed")
+copy_assets = load_script("copy_assets")
+sweep = load_script("sweep")
+
+
+def read_docs(path):
+    import spacy
+    from spacy.tokens import DocBin
+
+    return list(DocBin().from_disk(path).get_docs(spacy.blank("en").vocab))
+
+
+def iob2(doc):
+    return [t.ent_iob_ + ("-" + t.ent_type_ if t.ent_type_ else "") for t in doc]
+
+
+# --- project.yml ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def project_copy(tmp_path):
+    """project.yml alone in a temporary folder (loading it creates its directories)."""
+    shutil.copy(ROOT / "project.yml", tmp_path / "project.yml")
+    return tmp_path
+
+
+def test_project_yml_validates(project_copy):
+    from weasel.schemas import ProjectConfigSchema, validate
+    from weasel.util import load_project_config, validate_project_commands
+
+    raw = srsly.read_yaml(project_copy / "project.yml")
+    assert validate(ProjectConfigSchema, raw) == []
+    validate_project_commands(raw)
+    config = load_project_config(project_copy)
+    assert set(config["workflows"]) >= {"all", "conll03", "sweep", "baselines"}
+    for name in ("train", "evaluate", "report"):
+        assert name in config["workflows"]["all"]
+    raw_scripts = {cmd["name"]: cmd.get("script", []) for cmd in raw["commands"]}
+    for cmd in config["commands"]:
+        # Interpolation keeps one string per step (a step that began with ${...} would merge).
+        assert len(cmd["script"]) == len(raw_scripts[cmd["name"]]), cmd["name"]
+        for line in cmd["script"]:
+            assert "${" not in line, line
+            assert line.split()[0] in ("python", ".venv-t4/bin/python", "bash"), line
+            for word in line.split():
+                if word.startswith(("scripts/", "configs/")):
+                    assert (ROOT / word).exists(), f"{cmd['name']}: {word} does not exist"
+
+
+def test_project_vars_override(project_copy):
+    from weasel.util import load_project_config
+
+    config = load_project_config(project_copy, overrides={"vars.corpus": "ncbi_disease", "vars.gpu_id": 0})
+    commands = {cmd["name"]: cmd for cmd in config["commands"]}
+    assert "preset ncbi_disease corpus/ncbi_disease" in commands["convert"]["script"][0]
+    assert "--gpu-id 0" in commands["train"]["script"][0]
+    assert "corpus/ncbi_disease/train.spacy" in commands["cnn"]["deps"]
+
+
+def test_conll_assets_are_checked_and_never_committed():
+    raw = srsly.read_yaml(ROOT / "project.yml")
+    conll = [a for a in raw["assets"] if a["dest"].startswith("assets/conll2003/")]
+    assert {Path(a["dest"]).name for a in conll} == {"train.txt", "valid.txt", "test.txt"}
+    for asset in conll:
+        assert asset["url"].startswith("https://")
+        assert len(asset["checksum"]) == 32
+    ignored = (ROOT / ".gitignore").read_text().split()
+    for line in ("assets/conll2003/", "assets/conll2000/", "corpus/", "training/"):
+        assert line in ignored
+    assert any(line.startswith(".venv") for line in ignored)
+
+
+def test_shipped_corpora_have_attribution():
+    for folder, files in {
+        "wnut17": ["wnut17train.conll", "emerging.dev.conll", "emerging.test.annotated"],
+        "ncbi_disease": ["train.tsv", "devel.tsv", "test.tsv"],
+    }.items():
+        attribution = (ROOT / "assets" / folder / "ATTRIBUTION.md").read_text()
+        assert "CC-BY 4.0" in attribution or "Creative Commons Attribution 4.0" in attribution
+        for name in files:
+            assert (ROOT / "assets" / folder / name).is_file()
+
+
+# --- convert_corpus.py ---------------------------------------------------------------
+
+WNUT_LIKE = (
+    "@user\tO\nloves\tO\nNew\tB-location\nYork\tI-location\n\t\n"  # a lone tab separates, as in WNUT-17 train
+    "Star\tB-creative-work\nWars\tI-creative-work\nrocks\tO\n\n"
+    "nothing\tO\n\n\n"
+    "Bob\tB-person\n"
+)
+CONLL_LIKE = (
+    "-DOCSTART- -X- -X- O\n\n"
+    "EU NNP B-NP B-ORG\nrejects VBZ B-VP O\nGerman JJ B-NP B-MISC\n\n"
+    "Peter NNP B-NP B-PER\nBlackburn NNP I-NP I-PER\n\n"
+    "-DOCSTART- -X- -X- O\n\n"
+    "BRUSSELS NNP B-NP B-LOC\n"
+)
+
+
+def test_convert_tab_file(tmp_path, capsys):
+    src = tmp_path / "train.conll"
+    src.write_text(WNUT_LIKE, encoding="utf8")
+    stats = convert_corpus.convert_file(src, tmp_path / "out.spacy", token_col=0, tag_col=1, sep="tab")
+    assert stats["docs"] == 4 and stats["tokens"] == 9 and stats["entities"] == 3
+    assert stats["per_type"] == {"creative-work": 1, "location": 1, "person": 1}
+    assert "4 docs" in capsys.readouterr().out
+    docs = read_docs(tmp_path / "out.spacy")
+    assert [t.text for t in docs[0]] == ["@user", "loves", "New", "York"]
+    assert iob2(docs[0]) == ["O", "O", "B-location", "I-location"]
+    assert [(e.text, e.label_) for e in docs[1].ents] == [("Star Wars", "creative-work")]
+    assert docs[2].ents == () and iob2(docs[2]) == ["O"]
+
+
+def test_convert_limit_and_docstart(tmp_path):
+    src = tmp_path / "train.txt"
+    src.write_text(CONLL_LIKE, encoding="utf8")
+    stats = convert_corpus.convert_file(
+        src, tmp_path / "all.spacy", token_col=0, tag_col=3, sep="whitespace", docstart=True, quiet=True
+    )
+    assert stats["docs"] == 3 and stats["per_type"] == {"LOC": 1, "MISC": 1, "ORG": 1, "PER": 1}
+    stats = convert_corpus.convert_file(
+        src, tmp_path / "two.spacy", token_col=0, tag_col=3, sep="whitespace", docstart=True, limit=2, quiet=True
+    )
+    assert stats["docs"] == 2
+    docs = read_docs(tmp_path / "two.spacy")
+    assert [e.text for e in docs[1].ents] == ["Peter Blackburn"]
+    assert "-DOCSTART-" not in [t.text for d in docs for t in d]
+
+
+def test_convert_rejects_bad_input_and_counts_iob2_errors(tmp_path):
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("word\tB-PER\nnext\tX-PER\n", encoding="utf8")
+    with pytest.raises(ValueError, match="not an IOB tag"):
+        convert_corpus.convert_file(bad, tmp_path / "bad.spacy", sep="tab", quiet=True)
+    short = tmp_path / "short.tsv"
+    short.write_text("word\n", encoding="utf8")
+    with pytest.raises(ValueError, match="column"):
+        convert_corpus.convert_file(short, tmp_path / "short.spacy", tag_col=1, sep="tab", quiet=True)
+    loose = tmp_path / "loose.tsv"
+    loose.write_text("a\tO\nb\tI-PER\nc\tI-LOC\n", encoding="utf8")
+    stats = convert_corpus.convert_file(loose, tmp_path / "loose.spacy", sep="tab", quiet=True)
+    assert stats["invalid_iob2"] == 2 and stats["entities"] == 2  # read as starts, like spaCy's converters
+
+
+def test_convert_preset_and_cli(tmp_path):
+    folder = tmp_path / "assets" / "wnut17"
+    folder.mkdir(parents=True)
+    for name in ("wnut17train.conll", "emerging.dev.conll", "emerging.test.annotated"):
+        (folder / name).write_text(WNUT_LIKE, encoding="utf8")
+    out = tmp_path / "corpus"
+    code = convert_corpus.main(["preset", "wnut17", str(out), "--limit", "1", "--dev-limit", "2", "--root", str(tmp_path)])
+    assert code == 0
+    assert [len(read_docs(out / f"{s}.spacy")) for s in ("train", "dev", "test")] == [1, 2, 4]
+    with pytest.raises(SystemExit, match="copy-conll"):
+        convert_corpus.convert_preset("conll03", out, root=tmp_path, quiet=True)
+
+
+# --- timed.py, report.py -------------------------------------------------------------
+
+
+def test_timed_writes_sidecar(tmp_path):
+    sidecar = tmp_path / "run.train.json"
+    assert timed.main(["--output", str(sidecar), "--", "python", "-c", "x = bytearray(10_000_000)"]) == 0
+    info = json.loads(sidecar.read_text())
+    assert info["returncode"] == 0 and info["wall_s"] > 0 and info["peak_rss_mib"] > 5
+    assert info["command"][0] == sys.executable
+    failed = tmp_path / "failed.train.json"
+    assert timed.main(["--output", str(failed), "--", "python", "-c", "raise SystemExit(3)"]) == 3
+    assert not failed.exists()
+
+
+def write_metrics(path, f, p, r, per_type, speed=1234.5):
+    path.write_text(json.dumps({"token_acc": 1.0, "ents_p": p, "ents_r": r, "ents_f": f, "speed": speed,
+                                "ents_per_type": per_type}))
+
+
+def test_report(tmp_path, capsys):
+    corpus = tmp_path / "metrics" / "wnut17"
+    corpus.mkdir(parents=True)
+    write_metrics(corpus / "cnn.json", 0.25, 0.5, 1 / 6, {"person": {"p": 0.5, "r": 0.2, "f": 0.3}})
+    write_metrics(corpus / "all.json", 0.5, 0.6, 0.4, {"person": {"p": 0.6, "r": 0.5, "f": 0.55},
+                                                       "product": {"p": 0.1, "r": 0.1, "f": 0.1}})
+    (corpus / "all.train.json").write_text(json.dumps({"wall_s": 3725.0, "peak_rss_mib": 3072.0}))
+    (corpus / "all.seqeval.json").write_text(json.dumps({"seqeval_f1": 0.5}))
+    (corpus / "notes.json").write_text("[1, 2]")  # not a metrics file: ignored
+    assert report.main([str(tmp_path / "metrics")]) == 0
+    summary = (corpus / "SUMMARY.md").read_text()
+    assert summary == capsys.readouterr().out.rstrip("\n") + "\n"
+    rows = [line for line in summary.splitlines() if line.startswith("| all ") or line.startswith("| cnn ")]
+    assert rows[0] == "| all | 50.00 | 60.00 | 40.00 | 50.00 | 1,234 | 1h 02m | 3.00 GiB |"
+    assert rows[1] == "| cnn | 25.00 | 50.00 | 16.67 | – | 1,234 | – | – |"
+    assert "| all | 55.00 | 10.00 |" in summary and "| cnn | 30.00 | – |" in summary
+    assert "notes" not in summary
+
+
+# --- seqeval_check.py ----------------------------------------------------------------
+
+
+def ruler_pipeline(path, patterns):
+    import spacy
+
+    nlp = spacy.blank("en")
+    nlp.add_pipe("entity_ruler").add_patterns(patterns)
+    nlp.to_disk(path)
+
+
+def gold_docbin(path, sentences, with_spaces):
+    import spacy
+    from spacy.tokens import Doc, DocBin
+    from spacy.training import biluo_tags_to_spans, iob_to_biluo
+
+    vocab = spacy.blank("en").vocab
+    docbin = DocBin()
+    for words, tags in sentences:
+        spaces = [True] * (len(words) - 1) + [False] if with_spaces else None
+        doc = Doc(vocab, words=words, spaces=spaces)
+        doc.ents = biluo_tags_to_spans(doc, iob_to_biluo(tags))
+        docbin.add(doc)
+    docbin.to_disk(path)
+
+
+SENTENCES = [
+    (["Alice", "met", "Bob", "in", "Paris", "."], ["B-PER", "O", "B-PER", "O", "B-LOC", "O"]),
+    (["Acme", "Corp", "don't", "care"], ["B-ORG", "I-ORG", "B-PER", "O"]),
+    (["Paris", "Hilton", "sings"], ["B-PER", "I-PER", "O"]),
+    (["nothing", "here"], ["O", "O"]),
+]
+
+
+@pytest.mark.parametrize("with_spaces", [False, True])
+def test_seqeval_check_agrees_with_spacy_evaluate(tmp_path, with_spaces):
+    from spacy.cli.evaluate import evaluate
+
+    seqeval_check = load_script("seqeval_check")
+    # "n't" is only part of the gold token "don't" once spaCy's tokenizer re-splits the text
+    # (with_spaces): spaCy's scorer maps it onto the whole gold token, and so must the check.
+    ruler_pipeline(tmp_path / "model", [
+        {"label": "PER", "pattern": "Alice"}, {"label": "LOC", "pattern": "Bob"},
+        {"label": "LOC", "pattern": "Paris"}, {"label": "ORG", "pattern": [{"LOWER": "acme"}, {"LOWER": "corp"}]},
+        {"label": "PER", "pattern": [{"ORTH": "n't"}]},
+    ])
+    gold_docbin(tmp_path / "test.spacy", SENTENCES, with_spaces)
+    metrics = tmp_path / "run.json"
+    scores = evaluate(str(tmp_path / "model"), tmp_path / "test.spacy", output=metrics)
+    assert 0 < scores["ents_f"] < 1
+    code = seqeval_check.main([str(tmp_path / "model"), str(tmp_path / "test.spacy"), "--metrics", str(metrics)])
+    assert code == 0
+    result = json.loads((tmp_path / "run.seqeval.json").read_text())
+    assert result["agree"] and result["docs"] == 4
+    assert abs(result["seqeval_f1"] - scores["ents_f"]) < 1e-9
+    assert set(result["seqeval_per_type"]) == {"PER", "LOC", "ORG"}
+
+
+def test_seqeval_check_reports_disagreement(tmp_path):
+    seqeval_check = load_script("seqeval_check")
+    # Two predictions inside one gold token cannot both be written as IOB2: spaCy counts
+    # both, seqeval only one, and the check must say so rather than pass.
+    ruler_pipeline(tmp_path / "model", [{"label": "LOC", "pattern": [{"ORTH": "do"}]},
+                                        {"label": "PER", "pattern": [{"ORTH": "n't"}]}])
+    gold_docbin(tmp_path / "test.spacy", SENTENCES, with_spaces=True)
+    result = seqeval_check.check(str(tmp_path / "model"), tmp_path / "test.spacy")
+    assert not result["agree"] and result["overlapping_predictions_dropped"] == 1
+
+
+# --- sweep.py, copy_assets.py --------------------------------------------------------
+
+
+def test_sweep_specs_plot_and_dry_run(tmp_path, capsys):
+    assert len(sweep.SPECS) == 19 and sweep.SPECS[:3] == ["none", "all", "middle"]
+    assert sweep.SPECS[3] == "groups:0000" and sweep.SPECS[-1] == "groups:1111"
+    folder = tmp_path / "metrics" / "toy" / "sweep"
+    folder.mkdir(parents=True)
+    for spec, values in {"none": [0.5, 0.6], "groups:0110": [0.7, 0.8, 0.75]}.items():
+        for seed, f in enumerate(values, start=1):
+            (folder / f"{sweep.run_name(spec, seed)}.json").write_text(json.dumps({"ents_f": f}))
+    (folder / "none-seed1.train.json").write_text(json.dumps({"wall_s": 1.0}))
+    assert sweep.main(["plot", "--corpus", "toy", "--metrics-dir", str(folder)]) == 0
+    table = (folder.parent / "sweep.md").read_text()
+    assert "| none | 55.00 | 7.07 | 50.00 | 60.00 | 2 |" in table
+    assert "| groups:0110 | 75.00 | 5.00 | 70.00 | 80.00 | 3 |" in table
+    assert (folder.parent / "sweep.png").stat().st_size > 1000
+    capsys.readouterr()
+    assert sweep.main(["run", "--corpus", "toy", "--specs", "middle,groups:0011", "--seeds", "7",
+                       "--max-steps", "5", "--model", "tiny", "--dry-run",
+                       "--metrics-dir", str(tmp_path / "dry")]) == 0
+    out = capsys.readouterr().out
+    assert "--components.ner.model.tok2vec.unmask groups:0011" in out and "--system.seed 7" in out
+    assert "--components.ner.model.tok2vec.name tiny" in out and "groups-0011-seed7.json" in out
+
+
+def test_copy_assets(tmp_path):
+    shared = tmp_path / "shared" / "toy"
+    shared.mkdir(parents=True)
+    (shared / "a.txt").write_text("hello\n")
+    project = tmp_path / "project"
+    project.mkdir()
+    checksum = copy_assets.md5(shared / "a.txt")
+    srsly.write_yaml(project / "project.yml", {"assets": [{"dest": "assets/toy/a.txt", "url": "https://example.invalid/a.txt",
+                                                           "checksum": checksum}]})
+    args = ["--shared", str(tmp_path / "shared"), "--only", "assets/toy", "--project-dir", str(project)]
+    assert copy_assets.main(args) == 0
+    assert (project / "assets" / "toy" / "a.txt").read_text() == "hello\n"
+    assert copy_assets.fetch(copy_assets.load_assets(project)[0], project, None) == "present"
+    (project / "assets" / "toy" / "a.txt").write_text("changed\n")
+    (shared / "a.txt").write_text("changed too\n")
+    assert copy_assets.main(args) == 1  # checksum mismatch is an error
+    assert copy_assets.main(["--only", "assets/none", "--project-dir", str(project)]) == 0
+
+
+def test_scripts_run_as_commands():
+    for name in ("convert_corpus", "report", "seqeval_check", "sweep", "timed", "copy_assets"):
+        done = subprocess.run([sys.executable, str(SCRIPTS / f"{name}.py"), "--help"], capture_output=True, text=True)
+        assert done.returncode == 0 and "usage" in done.stdout.lower(), name
