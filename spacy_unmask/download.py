@@ -257,7 +257,8 @@ def read_gguf_fields(gguf: Path, keys) -> dict:
 
         if take(4) != b"GGUF" or unpack("<I") < 2:
             raise ValueError(f"{gguf}: not a GGUF file of version 2 or later")
-        _tensors, count = unpack("<Q"), unpack("<Q")
+        unpack("<Q")  # the tensor count
+        count = unpack("<Q")
         values = {}
         for _ in range(count):
             key = string()
@@ -316,7 +317,8 @@ def sentencepiece_bpe_tokenizer(gguf: Path):
         [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
     )
     # Control pieces (<bos>, <start_of_turn>, <unused0>...) are special tokens; the other
-    # user-defined pieces (newline runs, tab runs, HTML tags) are matched whole in the text.
+    # user-defined pieces (newline runs, tab runs, HTML tags) are matched whole in the text,
+    # except the space runs, which the merges build first (as transformers 5 does).
     tokenizer.add_special_tokens(
         [AddedToken(t, special=True, normalized=False) for t, kind in zip(tokens, types) if kind == _CONTROL]
     )
@@ -346,7 +348,7 @@ def sentencepiece_bpe_tokenizer(gguf: Path):
 def bpe_merges(tokens: List[str], mergeable) -> List[Tuple[str, str]]:
     """Every split of a mergeable piece into two mergeable pieces, best (earliest) piece first."""
     merges = []
-    for rank, token in enumerate(tokens):
+    for token in tokens:
         if token not in mergeable:
             continue
         for cut in range(len(token) - 1, 0, -1):

@@ -17,6 +17,8 @@ from safetensors import safe_open
 from spacy_unmask import download
 from spacy_unmask.backbone import load_decoder
 
+pytestmark = pytest.mark.slow  # real models; still part of the default run
+
 
 @pytest.mark.parametrize("name", ["smollm2-135m", "gemma3-270m"])
 def test_loaded_weights_equal_safetensors_on_disk(name):

@@ -61,13 +61,28 @@ def window_starts(num_pieces: int, window: int, stride: int) -> np.ndarray:
 
 
 def assign_windows(num_pieces: int, starts: np.ndarray, window: int) -> np.ndarray:
-    """For each piece, the window in which it sits furthest from either edge."""
-    pieces = np.arange(num_pieces)[:, None]
-    left = pieces - starts[None, :]
-    right = starts[None, :] + window - 1 - pieces
-    margin = np.minimum(left, right)
-    margin[(left < 0) | (right < 0)] = -1
-    return margin.argmax(axis=1)
+    """For each piece, the window in which it sits furthest from either edge.
+
+    Ties go to the earlier window. A piece's margin in the window starting at s,
+    min(p - s, s + window - 1 - p), rises with s up to s = p - (window - 1) / 2 and
+    falls after it, and `starts` is sorted, so the best window is one of the two
+    starts on either side of that peak: O(pieces * log(windows)) time and O(pieces)
+    memory (a pieces x windows table took gigabytes on a 20,000-token doc).
+    """
+    starts = np.asarray(starts, dtype=np.int64)
+    pieces = np.arange(num_pieces, dtype=np.int64)
+    if num_pieces == 0 or len(starts) <= 1:
+        return np.zeros(num_pieces, dtype=np.int64)
+    # 2 * margin, in integers: the peak sits at a half-integer when the window is even.
+    after = np.searchsorted(2 * starts, 2 * pieces - (window - 1), side="left")
+    before = np.maximum(after - 1, 0)
+    after = np.minimum(after, len(starts) - 1)
+
+    def margin(w):
+        s = starts[w]
+        return np.minimum(pieces - s, s + window - 1 - pieces)
+
+    return np.where(margin(before) >= margin(after), before, after).astype(np.int64)
 
 
 def plan_batch(

@@ -113,12 +113,10 @@ class UnmaskNER(TrainablePipe):
     def predict(self, docs: List[Doc]) -> List[np.ndarray]:
         if not any(len(doc) for doc in docs):
             return [np.zeros(0, dtype=np.int64) for _ in docs]
-        scores = self.model.predict(docs)
+        # The softmax layer returns logits at prediction time; decode on log-probabilities.
+        logits = self.model.predict(docs)
         allowed, start, end = self._transition_rules()
-        return [
-            viterbi(np.log(np.maximum(self.model.ops.to_numpy(s), 1e-12)), allowed, start, end)
-            for s in scores
-        ]
+        return [viterbi(log_softmax(self.model.ops.to_numpy(s)), allowed, start, end) for s in logits]
 
     def _transition_rules(self):
         if self._rules is None:
@@ -163,6 +161,11 @@ class UnmaskNER(TrainablePipe):
         loss_func = SequenceCategoricalCrossentropy(names=self.tags, normalize=False, missing_value=None)
         d_scores, loss = loss_func(scores, truths)
         return float(loss), d_scores
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
 def _biluo_to_bio_keep_missing(tags: List[Optional[str]]) -> List[Optional[str]]:

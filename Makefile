@@ -1,0 +1,34 @@
+# Two commands for a fresh machine (each makes the virtual environments it needs):
+#   make demo   train and evaluate the default pipeline on the shipped WNUT-17 (CPU, < 30 min)
+#   make test   the test suite on transformers 5.x, and the backbone tests on transformers 4.53.2
+PYTHON ?= python3
+# torch is installed first and pinned: an unpinned torch pulls a multi-GB CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+VENV := .venv
+VENV_T4 := .venv-t4
+BACKBONE_TESTS := tests/test_masks.py tests/test_backbone.py tests/test_weights_on_disk.py tests/test_gemma3.py
+
+.PHONY: demo test test-t4 venv venv-t4
+
+venv: $(VENV)/.installed
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install -q --upgrade pip
+	$(VENV)/bin/python -c "import torch" 2>/dev/null || $(VENV)/bin/python -m pip install -q "$(TORCH_SPEC)"
+	$(VENV)/bin/python -m pip install -q -e ".[dev]"
+	touch $@
+
+venv-t4: $(VENV_T4)/.installed
+$(VENV_T4)/.installed: pyproject.toml scripts/make_baseline_venv.sh
+	PYTHON=$(PYTHON) TORCH_SPEC="$(TORCH_SPEC)" bash scripts/make_baseline_venv.sh $(VENV_T4)
+	touch $@
+
+demo: venv
+	$(VENV)/bin/python -m spacy project run all
+
+test: venv venv-t4
+	$(VENV)/bin/python -m pytest -q
+	$(MAKE) test-t4
+
+test-t4: venv-t4
+	$(VENV_T4)/bin/python -m pytest -q $(BACKBONE_TESTS)

@@ -1,0 +1,264 @@
+"""The unmask_ner component and the shipped configs, trained on tiny models."""
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import spacy
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from spacy.tokens import DocBin
+from spacy.training import Example
+from thinc.api import Adam, fix_random_seed
+
+from spacy_unmask.pipeline.viterbi import tag_names, transition_rules, viterbi
+
+ROOT = Path(__file__).parent.parent
+CONFIGS = sorted((ROOT / "configs").glob("ner*.cfg"))
+TEMPLATES = [
+    ("Yesterday Peter Blackburn visited Brussels .", [("Peter Blackburn", "PER"), ("Brussels", "LOC")]),
+    ("EU rejects German call to boycott lamb .", [("EU", "ORG")]),
+    ("Peter Blackburn said nothing .", [("Peter Blackburn", "PER")]),
+    ("The talks in Brussels ended .", [("Brussels", "LOC")]),
+]
+TAGS = {"Peter": "NNP", "Blackburn": "NNP", "Brussels": "NNP", "EU": "NNP", ".": "."}
+
+
+def make_examples(nlp, n=16, seed=0):
+    rng = random.Random(seed)
+    examples = []
+    for _ in range(n):
+        text, ents = rng.choice(TEMPLATES)
+        doc = nlp.make_doc(text)
+        spans = [(text.index(t), text.index(t) + len(t), label) for t, label in ents]
+        tags = [TAGS.get(tok.text, "XX") for tok in doc]
+        examples.append(Example.from_dict(doc, {"entities": spans, "tags": tags}))
+    return examples
+
+
+def tiny_nlp(config_path, model_dir, **overrides):
+    """A shipped config on a tiny random model. LoRA's alpha/r scaling of 2 suits real
+    weights; on random weights of std 0.02 it makes each step rewrite the layers, so
+    the tiny tests scale LoRA down."""
+    overrides = {"lora_alpha": 2, **overrides}
+    config = spacy.util.load_config(config_path, interpolate=True)
+    for section in ("components.ner.model.tok2vec", "components.tok2vec.model"):
+        node = config
+        try:
+            for key in section.split("."):
+                node = node[key]
+        except KeyError:
+            continue
+        if node.get("@architectures") == "spacy_unmask.DecoderTok2Vec.v1":
+            node.update({"name": model_dir, "dtype": "float32", **overrides})
+    for listener in ("ner", "tagger"):
+        t2v = config["components"].get(listener, {}).get("model", {}).get("tok2vec", {})
+        if t2v.get("@architectures") == "spacy.Tok2VecListener.v1":
+            t2v["width"] = 32
+    return spacy.util.load_model_from_config(config, auto_fill=True)
+
+
+def train(nlp, examples, steps, learn_rate=0.01):
+    """A few steps at a constant rate (the shipped configs warm up over 100 steps)."""
+    fix_random_seed(0)
+    nlp.initialize(lambda: examples)
+    optimizer = Adam(learn_rate)
+    history = []
+    for _ in range(steps):
+        losses = {}
+        nlp.update(examples, sgd=optimizer, losses=losses)
+        history.append(sum(losses.values()))
+    return history
+
+
+@pytest.mark.parametrize("config_path", CONFIGS, ids=lambda p: p.name)
+def test_every_shipped_config_trains_and_the_loss_falls(tiny_dirs, config_path):
+    nlp = tiny_nlp(config_path, tiny_dirs("llama", "metaspace"))
+    history = train(nlp, make_examples(nlp), steps=12)
+    assert history[-1] < 0.75 * history[0]
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_dirs):
+    nlp = tiny_nlp(CONFIGS[0], tiny_dirs("llama", "metaspace"))
+    examples = make_examples(nlp, n=20)
+    train(nlp, examples, steps=25)
+    return nlp, examples
+
+
+def test_learns_to_tag_a_repeated_entity(trained):
+    nlp, examples = trained
+    doc = nlp("The talks in Brussels ended .")
+    assert [(e.text, e.label_) for e in doc.ents] == [("Brussels", "LOC")]
+    assert nlp.evaluate(examples)["ents_f"] > 0.8
+
+
+def test_lora_and_head_weights_move(tiny_dirs):
+    nlp = tiny_nlp(CONFIGS[0], tiny_dirs("llama", "metaspace"))
+    examples = make_examples(nlp)
+    nlp.initialize(lambda: examples)
+    optimizer = Adam(0.01)
+    decoder = nlp.get_pipe("ner").model.get_ref("tok2vec").shims[0]._model.decoder.model
+    before = {n: p.detach().clone() for n, p in decoder.named_parameters()}
+    nlp.update(examples, sgd=optimizer)
+    nlp.update(examples, sgd=optimizer)
+    moved = {n for n, p in decoder.named_parameters() if not np.allclose(before[n].numpy(), p.detach().numpy())}
+    assert moved and all("lora_" in n for n in moved)
+    assert any("lora_B" in n for n in moved)
+
+
+def test_missing_gold_tags_are_left_out_of_the_loss(trained):
+    nlp, _ = trained
+    ner = nlp.get_pipe("ner")
+    doc = nlp.make_doc("Peter Blackburn visited Brussels .")
+    partial = Example.from_dict(doc, {"entities": ["U-PER", "-", "-", "-", "O"]})
+    full = Example.from_dict(doc, {"entities": ["B-PER", "L-PER", "O", "U-LOC", "O"]})
+    scores, _ = ner.model.begin_update([doc])
+    _, d_partial = ner.get_loss([partial], scores)
+    _, d_full = ner.get_loss([full], scores)
+    assert np.all(d_partial[0][1:4] == 0) and np.any(d_full[0][1:4] != 0)
+
+
+def test_bio_scheme_trains_and_decodes_valid_spans(tiny_dirs):
+    config = {
+        "model": {"tok2vec": {"name": tiny_dirs("llama", "metaspace"), "dtype": "float32", "lora_alpha": 2}},
+        "scheme": "BIO",
+    }
+    nlp = spacy.blank("en")
+    nlp.add_pipe("unmask_ner", name="ner", config=config)
+    examples = make_examples(nlp, n=20)
+    history = train(nlp, examples, steps=25)
+    assert history[-1] < 0.5 * history[0]
+    assert [(e.text, e.label_) for e in nlp("Peter Blackburn said nothing .").ents] == [("Peter Blackburn", "PER")]
+
+
+def test_bad_scheme_is_rejected():
+    nlp = spacy.blank("en")
+    with pytest.raises(ValueError, match="scheme 'IOBES'.*BILUO, BIO"):
+        nlp.add_pipe("unmask_ner", config={"scheme": "IOBES"})
+
+
+def is_valid(tags, scheme):
+    open_label = None
+    for tag in tags:
+        kind, label = tag[0], tag[2:]
+        if scheme == "BILUO":
+            if open_label is None and kind in "IL":
+                return False
+            if open_label is not None and (kind not in "IL" or label != open_label):
+                return False
+            open_label = label if kind in "BI" else None
+        else:
+            if kind == "I" and open_label != label:
+                return False
+            open_label = label if kind in "BI" else None
+    return scheme == "BIO" or open_label is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(["BILUO", "BIO"]), st.integers(1, 3), st.integers(0, 12), st.integers(0, 2**32 - 1))
+def test_viterbi_never_emits_an_invalid_sequence(scheme, n_labels, length, seed):
+    tags = tag_names([f"L{i}" for i in range(n_labels)], scheme)
+    scores = np.random.default_rng(seed).normal(scale=5, size=(length, len(tags)))
+    path = viterbi(scores, *transition_rules(tags, scheme))
+    assert len(path) == length and is_valid([tags[i] for i in path], scheme)
+
+
+def test_viterbi_repairs_what_argmax_gets_wrong():
+    tags = tag_names(["PER"], "BILUO")  # O B I L U
+    scores = np.log(np.array([[0.1, 0.1, 0.6, 0.1, 0.1], [0.1, 0.1, 0.1, 0.6, 0.1]]))
+    assert [tags[i] for i in viterbi(scores, *transition_rules(tags, "BILUO"))] == ["B-PER", "L-PER"]
+
+
+def entities(nlp, texts):
+    return [[(e.start_char, e.end_char, e.label_) for e in doc.ents] for doc in nlp.pipe(texts)]
+
+
+TEXTS = [t for t, _ in TEMPLATES] + ["Nothing here .", ""]
+
+
+@pytest.mark.parametrize("save_mode", ["full", "adapter"])
+def test_round_trip_in_a_fresh_offline_process(tmp_path, tiny_dirs, save_mode):
+    import shutil
+
+    model_dir = tmp_path / "base-model"
+    shutil.copytree(tiny_dirs("llama", "metaspace"), model_dir)
+    nlp = tiny_nlp(CONFIGS[0], str(model_dir), save_mode=save_mode)
+    train(nlp, make_examples(nlp), steps=15)
+    expected = entities(nlp, TEXTS)
+    assert any(expected)
+    nlp.to_disk(tmp_path / "pipeline")
+    if save_mode == "full":
+        shutil.rmtree(model_dir)  # self-contained: the base model is no longer needed
+    script = (
+        "import json, sys, spacy\n"
+        f"nlp = spacy.load({str(tmp_path / 'pipeline')!r})\n"
+        f"print(json.dumps([[list(e) for e in d] for d in [[(x.start_char, x.end_char, x.label_) for x in doc.ents] for doc in nlp.pipe({TEXTS!r})]]))\n"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "SPACY_UNMASK_CACHE": str(tmp_path / "empty-cache")}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [[list(e) for e in d] for d in expected]
+
+
+def test_to_bytes_from_bytes_and_adapter_mode_is_small(tmp_path, tiny_dirs):
+    name = tiny_dirs("llama", "metaspace")
+    nlp = tiny_nlp(CONFIGS[0], name)
+    train(nlp, make_examples(nlp), steps=15)
+    data = nlp.to_bytes()
+    copy = tiny_nlp(CONFIGS[0], name).from_bytes(data)
+    assert entities(copy, TEXTS) == entities(nlp, TEXTS)
+    adapter = tiny_nlp(CONFIGS[0], name, save_mode="adapter")
+    train(adapter, make_examples(adapter), steps=2)
+    adapter_size = len(adapter.get_pipe("ner").model.to_bytes())
+    assert adapter_size < 0.5 * len(nlp.get_pipe("ner").model.to_bytes())
+
+
+def test_built_in_ner_on_the_decoder_backbone(tiny_dirs):
+    nlp = spacy.blank("en")
+    nlp.add_pipe(
+        "ner",
+        config={
+            "model": {
+                "@architectures": "spacy.TransitionBasedParser.v2",
+                "state_type": "ner",
+                "hidden_width": 32,
+                "maxout_pieces": 2,
+                "use_upper": True,
+                "tok2vec": {
+                    "@architectures": "spacy_unmask.DecoderTok2Vec.v1",
+                    "name": tiny_dirs("llama", "metaspace"),
+                    "dtype": "float32",
+                    "lora_alpha": 2,
+                },
+            }
+        },
+    )
+    examples = make_examples(nlp, n=20)
+    history = train(nlp, examples, steps=30, learn_rate=0.005)
+    assert history[-1] < 0.5 * history[0]
+    assert nlp.evaluate(examples)["ents_f"] > 0.5
+
+
+def test_shared_backbone_feeds_ner_and_tagger(tiny_dirs):
+    nlp = tiny_nlp(ROOT / "configs" / "ner_shared.cfg", tiny_dirs("llama", "metaspace"))
+    examples = make_examples(nlp, n=20)
+    train(nlp, examples, steps=30, learn_rate=0.005)
+    scores = nlp.evaluate(examples)
+    assert scores["tag_acc"] > 0.8 and scores["ents_f"] > 0.3
+
+
+def test_spacy_evaluate_reports_ents_f(tmp_path, trained):
+    nlp, examples = trained
+    nlp.to_disk(tmp_path / "pipeline")
+    DocBin(docs=[eg.reference for eg in examples]).to_disk(tmp_path / "test.spacy")
+    subprocess.run(
+        [sys.executable, "-m", "spacy", "evaluate", str(tmp_path / "pipeline"), str(tmp_path / "test.spacy"),
+         "--output", str(tmp_path / "metrics.json")],
+        check=True, capture_output=True,
+    )
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["ents_f"] > 0.8 and set(metrics["ents_per_type"]) == {"PER", "LOC", "ORG"}
