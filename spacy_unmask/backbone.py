@@ -230,12 +230,15 @@ class UnmaskedDecoder(nn.Module):
                 f"attention implementation {impl!r} cannot take per-layer masks; use 'sdpa' or 'eager'"
             )
         self.additive = impl == "eager"
-        self.unmask = unmask
-        self.unmasked = unmasked_layers(unmask, config.num_hidden_layers)
+        self.set_unmask(unmask)
         self.windows = layer_windows(config)
         self.autocast_dtype = autocast_dtype
         for index, layer in enumerate(decoder_layers(model)):
             layer.register_forward_pre_hook(partial(_use_layer_mask, index), with_kwargs=True)
+
+    def set_unmask(self, unmask: str) -> None:
+        self.unmask = unmask
+        self.unmasked = unmasked_layers(unmask, self.model.config.num_hidden_layers)
 
     @property
     def hidden_size(self) -> int:

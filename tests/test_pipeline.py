@@ -262,3 +262,22 @@ def test_spacy_evaluate_reports_ents_f(tmp_path, trained):
     )
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["ents_f"] > 0.8 and set(metrics["ents_per_type"]) == {"PER", "LOC", "ORG"}
+
+
+def test_merged_lora_gives_the_same_entities(tmp_path, trained):
+    nlp, _ = trained
+    nlp.to_disk(tmp_path / "pipeline")
+    loaded = spacy.load(tmp_path / "pipeline")
+    module = loaded.get_pipe("ner").model.get_ref("tok2vec").shims[0]._model
+    assert module.merge_for_inference
+    merged = entities(loaded, TEXTS)
+    assert module.merged
+    docs = [loaded.make_doc(t) for t in TEXTS[:3]]
+    t2v = loaded.get_pipe("ner").model.get_ref("tok2vec")
+    merged_vectors = t2v.predict(docs)
+    module.merge_for_inference = False
+    unmerged_vectors = t2v.predict(docs)
+    assert not module.merged
+    assert entities(loaded, TEXTS) == merged == entities(nlp, TEXTS)
+    for a, b in zip(merged_vectors, unmerged_vectors):
+        np.testing.assert_allclose(a, b, atol=1e-4)

@@ -177,6 +177,9 @@ def forward(model: Model, docs: List[Doc], is_train: bool):
     from thinc.util import torch2xp, xp2torch
 
     batch = module.plan(docs)
+    if not is_train:
+        return [model.ops.asarray2f(torch2xp(t.float())) for t in module.predict(batch)], lambda d: []
+    module.set_merged(False)
     outputs, torch_backprop = shim(ArgsKwargs(args=(batch,), kwargs={}), is_train)
     vectors = [model.ops.asarray2f(torch2xp(t.detach().float())) for t in outputs]
 
@@ -242,6 +245,7 @@ def serialize_backbone(module, settings: DecoderSettings) -> bytes:
 
     if module is None:
         raise ValueError("cannot save an uninitialised decoder backbone: call nlp.initialize() first")
+    module.set_merged(False)  # save the base and LoRA weights apart
     base = module.decoder.model
     if settings.save_mode == "full":
         state = base.state_dict()
@@ -286,6 +290,7 @@ def deserialize_backbone(data: bytes, settings: DecoderSettings, device):
         module = build_backbone(settings, state=state, config=config, tokenizer=tokenizer)
     else:
         module = build_backbone(settings, state=state)
+    module.merge_for_inference = settings.finetune == "lora"
     return module.to(device)
 
 

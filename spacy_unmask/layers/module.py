@@ -35,6 +35,26 @@ class DecoderTok2VecModule(nn.Module):
         probe = tokenizer("a", add_special_tokens=True)["input_ids"]
         self.bos_id = probe[0] if tokenizer.bos_token_id is not None and probe[0] == tokenizer.bos_token_id else None
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        # Loaded pipelines fold LoRA into the base weights for prediction (one matmul per
+        # projection instead of three); any training step unfolds them first.
+        self.merge_for_inference = False
+        self.merged = False
+
+    def set_merged(self, merged: bool) -> None:
+        if merged == self.merged:
+            return
+        from peft.tuners.lora import LoraLayer
+
+        for layer in self.decoder.model.modules():
+            if isinstance(layer, LoraLayer):
+                layer.merge() if merged else layer.unmerge()
+        self.merged = merged
+
+    def predict(self, batch: PieceBatch) -> List[torch.Tensor]:
+        self.set_merged(self.merge_for_inference)
+        self.eval()
+        with torch.inference_mode():
+            return self(batch)
 
     @property
     def hidden_size(self) -> int:
