@@ -120,24 +120,8 @@ def DecoderTok2Vec(
         "adapter" saves LoRA weights only and reloads the base from `name`.
     trust_remote_code (bool): allow code from the model repository (off by default).
     """
-    settings = DecoderSettings(
-        name=name,
-        unmask=unmask,
-        pooling=pooling,
-        finetune=finetune,
-        lora_r=lora_r,
-        lora_alpha=lora_alpha,
-        lora_dropout=lora_dropout,
-        lora_targets=list(lora_targets),
-        window=window,
-        stride=stride,
-        max_batch_pieces=max_batch_pieces,
-        dtype=dtype,
-        attn_implementation=attn_implementation,
-        gradient_checkpointing=gradient_checkpointing,
-        save_mode=save_mode,
-        trust_remote_code=trust_remote_code,
-    )
+    settings = DecoderSettings(**locals())
+    settings.lora_targets = list(settings.lora_targets)
     settings.validate()
     from thinc.api import PyTorchShim
 
