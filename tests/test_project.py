@@ -336,3 +336,31 @@ def test_scripts_run_as_commands():
     for name in ("convert_corpus", "report", "seqeval_check", "sweep", "timed", "copy_assets"):
         done = subprocess.run([sys.executable, str(SCRIPTS / f"{name}.py"), "--help"], capture_output=True, text=True)
         assert done.returncode == 0 and "usage" in done.stdout.lower(), name
+
+
+# --- the `all` workflow, end to end on a tiny model ------------------------------------
+
+
+def test_all_workflow_end_to_end_on_a_tiny_model(tmp_path, tiny_dirs):
+    """`spacy project assets` then `spacy project run all`, as a newcomer would run it."""
+    project = tmp_path / "project"
+    project.mkdir()
+    for part in ("project.yml", "configs", "scripts"):
+        source = ROOT / part
+        (shutil.copytree if source.is_dir() else shutil.copy)(source, project / part)
+    shutil.copytree(ROOT / "assets" / "wnut17", project / "assets" / "wnut17")
+    run = lambda *args: subprocess.run([sys.executable, "-m", "spacy", "project", *args], cwd=project,
+                                       capture_output=True, text=True)
+    # Offline, CoNLL-2003 is copied from the shared data first; `assets` then downloads nothing.
+    shared = ROOT.parent / "shared" / "data"
+    copied = run("run", "copy-conll", ".", "--vars.shared_data", str(shared))
+    assert copied.returncode == 0, copied.stdout + copied.stderr
+    assets = run("assets", ".")
+    assert assets.returncode == 0, assets.stdout + assets.stderr
+    result = run("run", "all", ".", "--vars.model", tiny_dirs("llama", "bytelevel"), "--vars.max_steps", "4",
+                 "--vars.eval_frequency", "2", "--vars.train_limit", "30", "--vars.dev_limit", "20")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    metrics = json.loads((project / "metrics" / "wnut17" / "all.json").read_text())
+    assert {"ents_f", "ents_p", "ents_r", "ents_per_type", "speed"} <= set(metrics)
+    assert (project / "training" / "wnut17" / "all" / "model-best").is_dir()
+    assert "F1" in result.stdout or "f1" in result.stdout.lower()

@@ -14,6 +14,7 @@ import dataclasses
 import itertools
 import json
 import math
+import os
 import pickle
 import shutil
 import tracemalloc
@@ -37,6 +38,8 @@ from tiny_models import save_tiny_model, tiny_tokenizer
 ROOT = Path(__file__).resolve().parents[1]
 STYLES = ("bytelevel", "metaspace")
 WINDOW, STRIDE = 16, 8
+# Examples per fuzz test; raise it for a deeper search (UNMASK_FUZZ_EXAMPLES=400 passes).
+FUZZ_EXAMPLES = int(os.environ.get("UNMASK_FUZZ_EXAMPLES", "30"))
 # Dropped by the tokenizers' normalizer: tokens made of them have no piece.
 DROPPED = ("\u200b", "\x07")
 TRAIN = [
@@ -96,10 +99,10 @@ def examples(nlp, data=TRAIN):
 
 
 def make_pipeline(model_dir: str, **tok2vec):
-    settings = {"name": model_dir, "unmask": "all", "dtype": "float32", "window": WINDOW, "stride": STRIDE}
-    settings.update(tok2vec)
+    config = {"name": model_dir, "unmask": "all", "dtype": "float32", "window": WINDOW, "stride": STRIDE}
+    config.update(tok2vec)
     nlp = spacy.blank("en")
-    nlp.add_pipe("unmask_ner", name="ner", config={"model": {"tok2vec": settings}})
+    nlp.add_pipe("unmask_ner", name="ner", config={"model": {"tok2vec": config}})
     return nlp
 
 
@@ -154,12 +157,13 @@ def check_doc(nlp, doc, vecs=None):
     wrong = np.flatnonzero(nonzero != has)
     assert not len(wrong), f"tokens {[doc[int(i)].text for i in wrong[:5]]}: zero vector iff no piece"
     previous_end = 0
+    text = doc.text  # spaCy joins the tokens anew on each access
     for ent in doc.ents:
         assert 0 <= ent.start < ent.end <= len(doc)
         assert ent.start >= previous_end  # sorted, not overlapping
         previous_end = ent.end
-        assert 0 <= ent.start_char < ent.end_char <= len(doc.text)
-        assert doc.text[ent.start_char : ent.end_char] == ent.text
+        assert 0 <= ent.start_char < ent.end_char <= len(text)
+        assert text[ent.start_char : ent.end_char] == ent.text
         assert ent.label_ in ner.labels
     return vecs
 
@@ -267,12 +271,8 @@ def test_tokens_without_pieces_get_zero_vectors(tiny, style):
     # A batch in which no doc has a single piece (the decoder never runs).
     only = [Doc(nlp.vocab, words=["\u200b"]), Doc(nlp.vocab, words=[]), Doc(nlp.vocab, words=["\x07", "\u200b"])]
     for doc, vecs in zip(only, vectors(nlp, only)):
-        assert vecs.shape == (len(doc), mod_width(nlp)) and not vecs.any()
+        assert vecs.shape == (len(doc), module(nlp).hidden_size) and not vecs.any()
     assert [d.ents for d in nlp.pipe(only)] == [(), (), ()]
-
-
-def mod_width(nlp):
-    return module(nlp).hidden_size
 
 
 @pytest.mark.parametrize("style", STYLES)
@@ -315,13 +315,14 @@ def test_20000_token_doc_fully_processed(tiny, style):
         tracemalloc.stop()
         num_pieces = head_pieces + len(tokenizer(tail, add_special_tokens=False)["input_ids"])
         assert sum(ids.shape[0] for ids, _ in batch.sub_batches) == len(window_starts(num_pieces, WINDOW, STRIDE))
-        # Planning is linear in the pieces: no (pieces x windows) table.
-        assert peak < 300 * num_pieces * 8, f"planning {num_pieces} pieces took {peak / 2**20:.0f} MiB"
+        # Planning is linear in the pieces (some 200 bytes each); a (pieces x windows) table
+        # of int64 took 8 * 12,000 bytes per piece here, some 10 GiB.
+        assert peak < 1000 * num_pieces, f"planning {num_pieces} pieces took {peak / 2**20:.0f} MiB"
 
         vecs = check_doc(nlp, doc)  # one finite vector per token, zeros only where no piece
         assert all(pieces_per_token(tokenizer, tail_doc))
         annotated = nlp(doc)
-        assert annotated.ents, "the tail has entities the pipeline finds on its own"
+        assert annotated.ents, "the pipeline finds entities in the training sentences"
         check_doc(nlp, annotated, vecs)
         # The tail, past the first window that also holds prefix pieces, is exactly as alone
         # (up to float noise from batching the windows differently).
@@ -377,7 +378,7 @@ def test_doc_shorter_than_window_matches_unwindowed(tiny, style):
     enc = mod.tokenizer(text, add_special_tokens=False)
     num_pieces = len(enc["input_ids"])
     ids = ([mod.bos_id] if mod.bos_id is not None else []) + enc["input_ids"]
-    mod.eval()  # no LoRA dropout (thinc leaves the module in training mode)
+    mod.eval()  # no LoRA dropout
     with torch.no_grad():
         hidden = mod.decoder(torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long))[0]
     hidden = hidden[len(ids) - num_pieces :].float().numpy()
@@ -405,8 +406,7 @@ def test_training_on_long_doc(tiny, style):
     assert len(doc) >= 3000
     labels = {s: label for _, ents_ in TRAIN for s, label in ents_}
     spans, start = [], 0
-    for piece in (TRAIN[0], TRAIN[2], TRAIN[3]) * repeats:
-        sentence, sentence_ents = piece
+    for sentence, sentence_ents in (TRAIN[0], TRAIN[2], TRAIN[3]) * repeats:
         for s, label in sentence_ents:
             at = long.index(s, start)
             spans.append((at, at + len(s), labels[s]))
@@ -583,6 +583,21 @@ def test_unmask_grammar_error_does_not_invent_a_layer_count(tiny):
     assert "10000" not in str(err), str(err)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="spacy_unmask/backbone.py load_config(): a name that is neither a path nor a cached "
+    "Hugging Face id (here a misspelt registry model) gets a message that does not list the "
+    "registry models, unlike the message for a missing directory",
+)
+def test_misspelt_registry_model_lists_registry_models(tiny, monkeypatch):
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    stage, err = build_and_initialize(tiny.model_dirs["bytelevel"], {"name": "smollm2-136m"})
+    assert stage == "initialize" and isinstance(err, ValueError), repr(err)
+    assert "smollm2-135m" in str(err), str(err)
+
+
 def test_gguf_of_unsupported_architecture(tiny, tmp_path):
     """An architecture transformers reads from GGUF but spacy-unmask does not support."""
     path = tiny_gguf(tmp_path / "tiny-gpt2.gguf", "gpt2")
@@ -649,7 +664,8 @@ def test_saved_pipeline_loads_without_base_model(tiny, saved, tmp_path):
     assert [ents(d) for d in loaded.pipe(texts)] == [ents(d) for d in nlp.pipe(texts)]
     docs = [nlp.make_doc(t) for t in texts]
     for a, b in zip(vectors(loaded, docs), vectors(nlp, docs)):
-        np.testing.assert_array_equal(a, b)
+        # Loaded pipelines fold LoRA into the base weights: same vectors up to rounding.
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
 
 
 def test_truncated_model_file_fails(saved, tmp_path):
@@ -802,7 +818,8 @@ def test_spacy_train_writes_loadable_models(tiny, tmp_path):
     loaded = spacy.load(last)
     docs = [loaded.make_doc(t) for t, _ in TRAIN]
     for a, b in zip(vectors(loaded, docs), vectors(trained, docs)):
-        np.testing.assert_array_equal(a, b)
+        # Loaded pipelines fold LoRA into the base weights: same vectors up to rounding.
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
 
 
 def test_nan_loss_stops_update(tiny):
@@ -812,8 +829,12 @@ def test_nan_loss_stops_update(tiny):
     W = output.get_param("W").copy()
     W[0, 0] = np.nan
     output.set_param("W", W)
+    lora = {k: v.detach().clone() for k, v in module(nlp).named_parameters() if "lora_" in k}
     with pytest.raises(ValueError, match=r"\[ner\] the loss is nan"):
         nlp.update(examples(nlp), sgd=Adam(0.01))
+    # It stops before the step: the backbone is untouched.
+    after = dict(module(nlp).named_parameters())
+    assert all(torch.equal(after[k], v) for k, v in lora.items())
 
 
 @pytest.fixture(scope="module")
@@ -888,24 +909,36 @@ def test_training_is_deterministic_with_a_fixed_seed(tiny):
 
 @pytest.mark.parametrize("style", STYLES)
 @given(
-    words_spaces=st.lists(
-        st.tuples(st.text(min_size=1, max_size=12), st.booleans()),
-        max_size=24,
-    )
+    words_spaces=st.lists(st.tuples(st.text(min_size=1, max_size=12), st.booleans()), max_size=24),
+    window=st.integers(2, 12),
+    stride_fraction=st.floats(0.0, 1.0),
+    pooling=st.sampled_from(["first", "last", "mean"]),
+    max_batch_pieces=st.sampled_from([1, 7, 4096]),
 )
-@settings(max_examples=30, deadline=None)
-def test_fuzz_random_token_splits(tiny, style, words_spaces):
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None)
+def test_fuzz_random_token_splits(tiny, style, words_spaces, window, stride_fraction, pooling, max_batch_pieces):
+    """Random tokens (any Unicode, any spacing) under random window, stride, pooling and
+    batch size settings: one finite vector per token, valid entities."""
     nlp = tiny.nlps[style]
     words = [w for w, _ in words_spaces]
     spaces = [s for _, s in words_spaces]
-    doc = nlp(Doc(nlp.vocab, words=words, spaces=spaces))
-    assert [t.text for t in doc] == words
-    check_doc(nlp, doc)
+    mod = module(nlp)
+    saved_settings = mod.settings
+    stride = max(1, round(stride_fraction * window))
+    mod.settings = dataclasses.replace(
+        saved_settings, window=window, stride=stride, pooling=pooling, max_batch_pieces=max_batch_pieces
+    )
+    try:
+        doc = nlp(Doc(nlp.vocab, words=words, spaces=spaces))
+        assert [t.text for t in doc] == words
+        check_doc(nlp, doc)
+    finally:
+        mod.settings = saved_settings
 
 
 @pytest.mark.parametrize("style", STYLES)
 @given(text=st.text(max_size=80))
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None)
 def test_fuzz_random_text(tiny, style, text):
     nlp = tiny.nlps[style]
     doc = nlp(text)

@@ -73,7 +73,7 @@ def assign_windows(num_pieces: int, starts: np.ndarray, window: int) -> np.ndarr
     pieces = np.arange(num_pieces, dtype=np.int64)
     if num_pieces == 0 or len(starts) <= 1:
         return np.zeros(num_pieces, dtype=np.int64)
-    # 2 * margin, in integers: the peak sits at a half-integer when the window is even.
+    # In doubled coordinates, to stay in integers: the peak is a half-integer for even windows.
     after = np.searchsorted(2 * starts, 2 * pieces - (window - 1), side="left")
     before = np.maximum(after - 1, 0)
     after = np.minimum(after, len(starts) - 1)
