@@ -66,10 +66,14 @@ def load_config(name: str, *, trust_remote_code: bool = False):
         config = transformers.AutoConfig.from_pretrained(
             source, gguf_file=gguf_file, trust_remote_code=trust_remote_code
         )
-    except (OSError, ValueError) as err:
+    except Exception as err:  # transformers raises many kinds (struct.error on a cut GGUF)
+        from .download import REGISTRY_MODELS
+
         raise ValueError(
-            f"model {name!r} could not be loaded: {err}. Give a Hugging Face id that is "
-            "in the local cache (or reachable), a save_pretrained directory, or a .gguf file."
+            f"model {name!r} could not be loaded ({type(err).__name__}: {err}). Give a Hugging Face "
+            "id that is in the local cache (or reachable), a save_pretrained directory, a .gguf "
+            f"file, or a registry model: {', '.join(sorted(REGISTRY_MODELS))}. Supported "
+            f"architectures: {', '.join(SUPPORTED_MODEL_TYPES)}."
         ) from err
     check_supported(config, name)
     return config

@@ -14,6 +14,11 @@ SPEC_HELP = (
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 
 
+def check_unmask_spec(spec: str) -> None:
+    """Check the grammar of an unmask spec before any model is loaded."""
+    _parse(spec, None)
+
+
 def unmasked_layers(spec: str, num_layers: int) -> List[bool]:
     """Parse an unmask spec into one flag per layer, input side first.
 
@@ -21,15 +26,21 @@ def unmasked_layers(spec: str, num_layers: int) -> List[bool]:
     """
     if not isinstance(num_layers, int) or num_layers < 1:
         raise ValueError(f"num_layers must be a positive integer, got {num_layers!r}")
+    return _parse(spec, num_layers)
+
+
+def _parse(spec: str, num_layers: Optional[int]) -> List[bool]:
+    """The flags for `num_layers` layers; with None, only the grammar is checked."""
     if not isinstance(spec, str):
         raise ValueError(f"unmask spec must be a string ({SPEC_HELP}), got {spec!r}")
     text = spec.strip().lower()
+    model = f" for a model with {num_layers} layers" if num_layers is not None else ""
 
     def fail(why: str) -> ValueError:
-        return ValueError(
-            f"Invalid unmask spec {spec!r} for a model with {num_layers} layers: "
-            f"{why}. Accepted: {SPEC_HELP}."
-        )
+        return ValueError(f"Invalid unmask spec {spec!r}{model}: {why}. Accepted: {SPEC_HELP}.")
+
+    grammar_only = num_layers is None
+    num_layers = num_layers or 10**6
 
     if text == "none":
         return [False] * num_layers
@@ -45,6 +56,8 @@ def unmasked_layers(spec: str, num_layers: int) -> List[bool]:
         pattern = text[len("groups:"):]
         if not pattern or set(pattern) - {"0", "1"}:
             raise fail("a groups pattern is made of 0s and 1s only")
+        if grammar_only:
+            return []
         if len(pattern) > num_layers:
             raise fail(f"{len(pattern)} groups cannot split {num_layers} layers")
         flags: List[bool] = []
@@ -52,7 +65,7 @@ def unmasked_layers(spec: str, num_layers: int) -> List[bool]:
             size = num_layers // len(pattern) + (1 if group < num_layers % len(pattern) else 0)
             flags.extend([bit == "1"] * size)
         return flags
-    flags = [False] * num_layers
+    flags = [False] * (0 if grammar_only else num_layers)
     for part in text.split(","):
         match = _RANGE.match(part.strip())
         if match is None:
@@ -61,9 +74,9 @@ def unmasked_layers(spec: str, num_layers: int) -> List[bool]:
         last = int(match.group(2)) if match.group(2) is not None else first
         if first > last:
             raise fail(f"range {part.strip()!r} runs backwards")
-        if last >= num_layers:
+        if last >= num_layers and not grammar_only:
             raise fail(f"layer {last} is outside the model (layers 0-{num_layers - 1})")
-        for i in range(first, last + 1):
+        for i in range(first, min(last + 1, len(flags))):
             flags[i] = True
     return flags
 

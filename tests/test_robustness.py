@@ -7,8 +7,6 @@ with a BOS piece and byte fallback ("metaspace", like Llama and Gemma). Their to
 get a normalizer in front (NFKC, and zero-width spaces and BEL characters removed, as
 tokenizers that clean text do), so that some spaCy tokens map to no piece at all.
 
-Tests marked xfail(strict=True) document bugs found outside the files this suite may fix;
-each reason says where the bug is.
 """
 import dataclasses
 import itertools
@@ -488,13 +486,6 @@ def test_pipe_two_processes_matches_one_by_one(tiny, style):
     assert [ents(doc) for doc in nlp.pipe(texts, batch_size=2, n_process=2)] == expected
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="spacy_unmask/layers/decoder_tok2vec.py, DecoderTok2Vec(): the PyTorchShim gets "
-    "lambdas as serialize_model/deserialize_model, so the pipeline cannot be pickled; "
-    "nlp.pipe(n_process>1) needs that wherever multiprocessing does not fork (macOS, "
-    "Windows, Linux from Python 3.14 on)",
-)
 def test_pipeline_pickles(tiny):
     nlp = tiny.nlps["bytelevel"]
     copy = pickle.loads(pickle.dumps(nlp))
@@ -572,23 +563,11 @@ def test_bad_setting_fails_early_and_clearly(tiny, monkeypatch, case):
         assert word in str(err), f"{case}: {word!r} not in {str(err)!r}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="spacy_unmask/layers/decoder_tok2vec.py DecoderSettings.validate() checks the unmask "
-    "grammar with masks.unmasked_layers(spec, 10_000), so the message reads 'for a model with "
-    "10000 layers' although no model is loaded",
-)
 def test_unmask_grammar_error_does_not_invent_a_layer_count(tiny):
     _, err = build_and_initialize(tiny.model_dirs["bytelevel"], {"unmask": "every"})
     assert "10000" not in str(err), str(err)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="spacy_unmask/backbone.py load_config(): a name that is neither a path nor a cached "
-    "Hugging Face id (here a misspelt registry model) gets a message that does not list the "
-    "registry models, unlike the message for a missing directory",
-)
 def test_misspelt_registry_model_lists_registry_models(tiny, monkeypatch):
     import huggingface_hub.constants
 
@@ -607,12 +586,6 @@ def test_gguf_of_unsupported_architecture(tiny, tmp_path):
         assert word in str(err), str(err)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="spacy_unmask/backbone.py load_config(): for a GGUF architecture transformers cannot "
-    "read (bert), transformers' 'GGUF model with architecture bert is not supported yet.' is "
-    "wrapped with advice to give a Hugging Face id, and the supported architectures are not listed",
-)
 def test_gguf_of_architecture_transformers_cannot_read(tiny, tmp_path):
     path = tiny_gguf(tmp_path / "tiny-bert.gguf", "bert")
     stage, err = build_and_initialize(path, {})
@@ -621,12 +594,6 @@ def test_gguf_of_architecture_transformers_cannot_read(tiny, tmp_path):
         assert word in str(err), str(err)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="spacy_unmask/backbone.py load_config() catches only OSError/ValueError: a truncated "
-    "GGUF file escapes as a raw struct.error ('unpack_from requires a buffer of at least ...') "
-    "that names neither the file nor the setting",
-)
 def test_truncated_gguf_fails_clearly(tiny, tmp_path):
     path = tiny_gguf(tmp_path / "cut.gguf", "llama", truncate=True)
     stage, err = build_and_initialize(path, {})
@@ -674,13 +641,6 @@ def test_truncated_model_file_fails(saved, tmp_path):
         spacy.load(path)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="spacy_unmask/pipeline/unmask_ner.py: UnmaskNER does not wrap TrainablePipe.from_disk, "
-    "so a truncated ner/model file fails inside thinc's msgpack with 'Unpack failed: "
-    "incomplete input' (and a damaged header with msgpack's 'ExtraData: unpack(b) received "
-    "extra data.'), naming neither the file nor the component",
-)
 @pytest.mark.parametrize("damage", ["truncate", "header"])
 def test_damaged_model_file_message_names_the_problem(saved, tmp_path, damage):
     def mutate(p):
@@ -711,12 +671,6 @@ def backbone_message(model_file: Path):
     return srsly.msgpack_loads(shim["state"])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="spacy_unmask/layers/decoder_tok2vec.py serialize_backbone/deserialize_backbone keep "
-    "no checksum of the safetensors weights: damaged weight bytes load silently and the "
-    "pipeline predicts from garbage (NaN vectors when the bytes become 0xff)",
-)
 def test_corrupted_weights_are_detected(saved, tmp_path):
     weights = backbone_message(saved / "ner" / "model")["weights"]
 
@@ -741,7 +695,7 @@ def test_saved_backbone_has_no_pickle(saved, monkeypatch):
         assert marker not in data, marker
     # Every part of the backbone is msgpack, JSON text or safetensors.
     backbone = backbone_message(saved / "ner" / "model")
-    assert set(backbone) == {"format", "config", "tokenizer", "weights"}
+    assert set(backbone) == {"format", "config", "tokenizer", "weights", "sha256"}
     config = json.loads(backbone["config"])
     assert config["model_type"] == "llama"
     for name, content in backbone["tokenizer"].items():
@@ -857,13 +811,6 @@ def test_diverging_spacy_train_stops_naming_the_loss(diverged):
     assert "loss" in str(err) and "learning rate" in str(err)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="spacy train saves model-last in a `finally` (and model-best when the broken model "
-    "ties the best score), and nothing in spacy_unmask (pipeline/unmask_ner.py update / "
-    "finish_update, or layers/decoder_tok2vec.py serialize_backbone) refuses non-finite "
-    "weights, so a diverged run leaves pipelines with inf weights that predict NaN",
-)
 def test_diverging_spacy_train_saves_no_broken_model(diverged):
     out, _ = diverged
     for name in ("model-best", "model-last"):

@@ -6,9 +6,10 @@ its per-layer masks inside a PyTorch shim, pools pieces to tokens
 The decoder is loaded when the pipeline is initialised, never when it is built,
 so `spacy.load` rebuilds it from the saved bytes without touching a hub.
 """
-import json
+import hashlib
 import tempfile
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -18,7 +19,7 @@ from spacy.util import registry
 from thinc.api import ArgsKwargs, Model
 from thinc.types import Floats2d
 
-from ..masks import unmasked_layers
+from ..masks import check_unmask_spec, unmasked_layers
 from .pooling import check_pooling
 
 SAVE_MODES = ("full", "adapter")
@@ -50,7 +51,7 @@ class DecoderSettings:
         """Check every setting that can be checked without loading the model."""
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"name {self.name!r}: give a Hugging Face id, a directory or a .gguf file")
-        unmasked_layers(self.unmask, 10_000)  # grammar only; the layer count is checked at load
+        check_unmask_spec(self.unmask)  # the layer count is checked when the model loads
         check_pooling(self.pooling)
         if self.save_mode not in SAVE_MODES:
             raise ValueError(f"save_mode {self.save_mode!r} is not supported; accepted: {', '.join(SAVE_MODES)}")
@@ -127,8 +128,8 @@ def DecoderTok2Vec(
 
     shim = PyTorchShim(
         None,
-        serialize_model=lambda module: serialize_backbone(module, settings),
-        deserialize_model=lambda _module, data, device: deserialize_backbone(data, settings, device),
+        serialize_model=partial(serialize_backbone, settings=settings),
+        deserialize_model=partial(_deserialize_into, settings=settings),
     )
     return Model(
         "decoder_tok2vec",
@@ -225,6 +226,7 @@ def build_backbone(settings: DecoderSettings, state: Optional[dict] = None, conf
 
 def serialize_backbone(module, settings: DecoderSettings) -> bytes:
     import srsly
+    import torch
     from safetensors.torch import save as save_tensors
 
     if module is None:
@@ -236,6 +238,11 @@ def serialize_backbone(module, settings: DecoderSettings) -> bytes:
     else:
         state = {k: v for k, v in base.state_dict().items() if "lora_" in k}
     state = {k: v.detach().contiguous().cpu() for k, v in state.items()}
+    broken = [k for k, v in state.items() if v.is_floating_point() and not torch.isfinite(v).all()]
+    if broken:
+        raise ValueError(
+            f"refusing to save a backbone with non-finite weights ({broken[:3]}): training diverged"
+        )
     weights = save_tensors(state)
     if len(weights) >= 2**32 - 2**20:
         raise ValueError(
@@ -247,8 +254,13 @@ def serialize_backbone(module, settings: DecoderSettings) -> bytes:
         "config": base.config.to_json_string(use_diff=False),
         "tokenizer": tokenizer_files(module.tokenizer),
         "weights": weights,
+        "sha256": hashlib.sha256(weights).hexdigest(),
     }
     return srsly.msgpack_dumps(msg)
+
+
+def _deserialize_into(_module, data: bytes, device, *, settings: DecoderSettings):
+    return deserialize_backbone(data, settings, device)
 
 
 def deserialize_backbone(data: bytes, settings: DecoderSettings, device):
@@ -258,9 +270,11 @@ def deserialize_backbone(data: bytes, settings: DecoderSettings, device):
 
     try:
         msg = srsly.msgpack_loads(data)
+        if msg.get("sha256", hashlib.sha256(msg["weights"]).hexdigest()) != hashlib.sha256(msg["weights"]).hexdigest():
+            raise ValueError("the weights do not match their SHA-256")
         state = load_tensors(msg["weights"])
         config_text, files = msg["config"], msg["tokenizer"]
-    except Exception as err:  # a truncated or foreign file
+    except Exception as err:  # a truncated, damaged or foreign file
         raise ValueError(f"the saved decoder backbone is unreadable (truncated or corrupted?): {err}") from err
     with tempfile.TemporaryDirectory() as tmp:
         for file_name, content in files.items():

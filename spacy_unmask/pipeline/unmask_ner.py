@@ -149,6 +149,20 @@ class UnmaskNER(TrainablePipe):
         losses[self.name] += loss
         return losses
 
+    def to_disk(self, path, *, exclude=tuple()):
+        _check_finite(self)
+        return super().to_disk(path, exclude=exclude)
+
+    def to_bytes(self, *, exclude=tuple()):
+        _check_finite(self)
+        return super().to_bytes(exclude=exclude)
+
+    def from_disk(self, path, *, exclude=tuple()):
+        try:
+            return super().from_disk(path, exclude=exclude)
+        except (ValueError, TypeError) as err:  # msgpack's errors name neither file nor component
+            raise ValueError(f"[{self.name}] cannot load the saved component from {path} (truncated or damaged?): {err}") from err
+
     def get_loss(self, examples: Iterable[Example], scores: List[Floats2d]):
         known = set(self.tags)
         truths = []
@@ -161,6 +175,16 @@ class UnmaskNER(TrainablePipe):
         loss_func = SequenceCategoricalCrossentropy(names=self.tags, normalize=False, missing_value=None)
         d_scores, loss = loss_func(scores, truths)
         return float(loss), d_scores
+
+
+def _check_finite(pipe: "UnmaskNER") -> None:
+    for node in pipe.model.walk():
+        for param in node.param_names:
+            if node.has_param(param) and not np.isfinite(pipe.model.ops.to_numpy(node.get_param(param))).all():
+                raise ValueError(
+                    f"[{pipe.name}] refusing to save non-finite weights ({node.name}.{param}): training "
+                    "diverged (the loss became NaN or infinite); lower the learning rate"
+                )
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
