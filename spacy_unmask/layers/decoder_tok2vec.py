@@ -270,7 +270,8 @@ def deserialize_backbone(data: bytes, settings: DecoderSettings, device):
 
     try:
         msg = srsly.msgpack_loads(data)
-        if msg.get("sha256", hashlib.sha256(msg["weights"]).hexdigest()) != hashlib.sha256(msg["weights"]).hexdigest():
+        digest = hashlib.sha256(msg["weights"]).hexdigest()
+        if msg.get("sha256", digest) != digest:
             raise ValueError("the weights do not match their SHA-256")
         state = load_tensors(msg["weights"])
         config_text, files = msg["config"], msg["tokenizer"]
