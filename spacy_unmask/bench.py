@@ -46,6 +46,7 @@ def run(args) -> int:
     examples = [Example(nlp.make_doc(d.text), d) for d in gold]
     nlp.initialize(lambda: examples[:50])
     module = nlp.get_pipe("ner").model.get_ref("tok2vec").shims[0]._model
+    module.merge_for_inference = True  # as in a pipeline loaded with spacy.load
     results = {
         "model": args.model,
         "dtype": args.dtype,
