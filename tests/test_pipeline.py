@@ -281,3 +281,14 @@ def test_merged_lora_gives_the_same_entities(tmp_path, trained):
     assert entities(loaded, TEXTS) == merged == entities(nlp, TEXTS)
     for a, b in zip(merged_vectors, unmerged_vectors):
         np.testing.assert_allclose(a, b, atol=1e-4)
+
+
+def test_spacy_package_depends_on_spacy_unmask(tmp_path, trained):
+    nlp, _ = trained
+    nlp.to_disk(tmp_path / "pipeline")
+    (tmp_path / "out").mkdir()
+    subprocess.run([sys.executable, "-m", "spacy", "package", str(tmp_path / "pipeline"), str(tmp_path / "out"),
+                    "--name", "unmask_test", "--version", "0.0.1"], check=True, capture_output=True)
+    package = tmp_path / "out" / "en_unmask_test-0.0.1"
+    assert any(r.startswith("spacy-unmask") for r in json.loads((package / "meta.json").read_text())["requirements"])
+    assert list((package / "dist").glob("*.tar.gz"))
