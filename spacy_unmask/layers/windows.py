@@ -12,6 +12,9 @@ import numpy as np
 from spacy.tokens import Doc
 
 
+MIN_FILL = 0.75
+
+
 @dataclass
 class PieceBatch:
     """The decoder inputs for a list of docs, and where each token's pieces land.
@@ -113,7 +116,9 @@ def plan_batch(
             windows.append((d, int(start), ids[start : start + window]))
         doc_piece_window.append((first_window, starts, owner, offsets))
 
-    # Group windows by length so that padding stays small.
+    # Group windows by length so that padding stays small: a sub-batch holds at most
+    # `max_batch_pieces` padded pieces, and closes before a window shorter than
+    # MIN_FILL of its padded length (at most ~1/3 of a sub-batch is padding).
     order = sorted(range(len(windows)), key=lambda w: -len(windows[w][2]))
     window_row = np.zeros(len(windows), dtype=np.int64)  # table row of each window's first content piece
     batch = PieceBatch()
@@ -122,7 +127,9 @@ def plan_batch(
     while position < len(order):
         length = len(windows[order[position]][2]) + extra
         rows = max(1, max_batch_pieces // max(length, 1))
-        members = order[position : position + rows]
+        members = [
+            w for w in order[position : position + rows] if len(windows[w][2]) + extra >= MIN_FILL * length
+        ]
         ids = np.full((len(members), length), pad_id, dtype=np.int64)
         mask = np.zeros((len(members), length), dtype=np.int64)
         for r, w in enumerate(members):
