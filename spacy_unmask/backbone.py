@@ -197,10 +197,9 @@ def apply_finetuning(
     )
     model = peft.inject_adapter_in_model(config, model)
     for param_name, param in model.named_parameters():
-        param.requires_grad_("lora_" in param_name)
-    # LoRA weights stay in float32 so that the optimizer sees full-precision values.
-    for param_name, param in model.named_parameters():
-        if "lora_" in param_name:
+        is_lora = "lora_" in param_name
+        param.requires_grad_(is_lora)
+        if is_lora:  # float32, so that the optimizer sees full-precision values
             param.data = param.data.float()
     return model
 

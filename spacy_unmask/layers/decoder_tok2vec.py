@@ -11,9 +11,8 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
-import numpy as np
 from spacy.tokens import Doc
 from spacy.util import registry
 from thinc.api import ArgsKwargs, Model
