@@ -26,9 +26,11 @@ $(VENV_T4)/.installed: pyproject.toml scripts/make_baseline_venv.sh
 demo: venv
 	$(VENV)/bin/python -m spacy project run all
 
+# One torch thread: the n_process=2 test forks after torch has started its thread pool,
+# which can hang GNU OpenMP in the child (seen here with 2 threads).
 test: venv venv-t4
-	$(VENV)/bin/python -m pytest -q
+	OMP_NUM_THREADS=1 $(VENV)/bin/python -m pytest -q
 	$(MAKE) test-t4
 
 test-t4: venv-t4
-	$(VENV_T4)/bin/python -m pytest -q $(BACKBONE_TESTS)
+	OMP_NUM_THREADS=1 $(VENV_T4)/bin/python -m pytest -q $(BACKBONE_TESTS)
