@@ -98,8 +98,23 @@ def layer_windows(config) -> List[Optional[int]]:
     return [window] * num_layers
 
 
+def segment_positions(segments):
+    """Position of each piece within its own sequence: 0 where a segment starts.
+
+    `segments` is (batch, length); equal positive ids that are adjacent form one
+    sequence, 0 is padding. A 0/1 padding mask is a valid `segments` tensor.
+    """
+    import torch
+
+    length = segments.shape[1]
+    index = torch.arange(length, device=segments.device).expand_as(segments)
+    starts = torch.ones_like(segments, dtype=torch.bool)
+    starts[:, 1:] = segments[:, 1:] != segments[:, :-1]
+    return index - torch.where(starts, index, 0).cummax(dim=1).values
+
+
 def build_layer_masks(
-    padding_mask,
+    segments,
     unmasked: Sequence[bool],
     windows: Sequence[Optional[int]],
     *,
@@ -107,33 +122,36 @@ def build_layer_masks(
 ) -> list:
     """One 4D attention mask (batch, 1, query, key) per layer.
 
-    `padding_mask` is (batch, length) with 1 for real pieces. Every layer masks
-    padding keys; a causal layer also hides keys to the right; a sliding layer
-    hides keys at distance >= window (on both sides when unmasked). Each query
-    may always see itself, so no row is empty (an empty row gives NaN in SDPA).
-    Masks are boolean (True = attend) unless `additive_dtype` is given, for
-    eager attention, which adds 0 / dtype-min to the scores.
+    `segments` is (batch, length): pieces with the same positive id form one
+    sequence (several short docs can share a row), 0 marks padding; a 0/1
+    padding mask is the case of one sequence per row. A piece attends only to
+    pieces of its own sequence; a causal layer also hides keys to the right; a
+    sliding layer hides keys at distance >= window (on both sides when
+    unmasked). Each query may always see itself, so no row is empty (an empty
+    row gives NaN in SDPA). Masks are boolean (True = attend) unless
+    `additive_dtype` is given, for eager attention, which adds 0 / dtype-min.
     """
     import torch
 
-    length = padding_mask.shape[1]
-    pos = torch.arange(length, device=padding_mask.device)
-    offset = pos[:, None] - pos[None, :]  # query - key
-    keys = padding_mask.bool()[:, None, None, :]
-    diagonal = torch.eye(length, dtype=torch.bool, device=padding_mask.device)
+    length = segments.shape[1]
+    device = segments.device
+    pos = torch.arange(length, device=device)
+    offset = pos[:, None] - pos[None, :]  # query - key; sequences are contiguous
+    same = (segments[:, None, :, None] == segments[:, None, None, :]) & (segments[:, None, None, :] > 0)
+    diagonal = torch.eye(length, dtype=torch.bool, device=device)
     cache: Dict[Tuple[bool, Optional[int]], object] = {}
     masks = []
     for both_ways, window in zip(unmasked, windows):
         key = (bool(both_ways), window)
         if key not in cache:
-            allowed = torch.ones(length, length, dtype=torch.bool, device=padding_mask.device)
+            allowed = torch.ones(length, length, dtype=torch.bool, device=device)
             if not both_ways:
                 allowed &= offset >= 0
             if window is not None:
                 allowed &= offset.abs() < window
-            mask = (allowed[None, None] & keys) | diagonal
+            mask = (allowed[None, None] & same) | diagonal
             if additive_dtype is not None:
-                zeros = torch.zeros((), dtype=additive_dtype, device=mask.device)
+                zeros = torch.zeros((), dtype=additive_dtype, device=device)
                 mask = torch.where(mask, zeros, torch.finfo(additive_dtype).min)
             cache[key] = mask
         masks.append(cache[key])

@@ -165,3 +165,31 @@ def test_unmasked_sliding_layers_see_the_window_on_both_sides_only(family):
     moved = (before - after).abs().amax(-1)[0] > 1e-6
     # window 4: position 6 reaches positions 3..9 (distance < 4), in both directions
     assert moved.tolist() == [False, False, False, True, True, True, True, True, True, True]
+
+
+@pytest.mark.parametrize("family,attn", FAMILY_PARAMS)
+@pytest.mark.parametrize("unmask", ["none", "all", "2-3"])
+def test_docs_packed_in_one_row_match_each_doc_alone(family, attn, unmask):
+    """Packing is invisible: positions restart and no piece sees another doc."""
+    from tiny_models import tiny_decoder
+    from spacy_unmask.backbone import UnmaskedDecoder
+
+    decoder = UnmaskedDecoder(tiny_decoder(family, attn_implementation=attn), unmask)
+    first, second = torch.randint(3, 300, (1, 7)), torch.randint(3, 300, (1, 5))
+    row = torch.cat([first, second, torch.zeros(1, 2, dtype=torch.long)], dim=1)
+    segments = torch.tensor([[1] * 7 + [2] * 5 + [0] * 2])
+    with torch.no_grad():
+        packed = decoder(row, segments)[0]
+        alone = [decoder(ids, torch.ones_like(ids))[0] for ids in (first, second)]
+    torch.testing.assert_close(packed[:7], alone[0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(packed[7:12], alone[1], atol=1e-5, rtol=0)
+
+
+def test_short_docs_share_rows_and_keep_their_own_vectors(tiny_dirs):
+    model = tok2vec(tiny_dirs("llama", "metaspace"), "all")
+    docs = [nlp(t) for t in (SENTENCE, "EU rejects German call", "Peter", CHANGED, "Brussels")]
+    batch = model.shims[0]._model.plan(docs)
+    assert sum(ids.shape[0] for ids, _ in batch.sub_batches) < len(docs)  # short docs share rows
+    together = model.predict(docs)
+    for doc, vecs in zip(docs, together):
+        np.testing.assert_allclose(vecs, model.predict([doc])[0], atol=1e-5)

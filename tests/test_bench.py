@@ -20,6 +20,6 @@ def test_bench_reports_raw_pipeline_training_and_memory(tmp_path, tiny_dirs):
                  "--batch-size", "4", "--train-steps", "1", "--train-batch", "4", "--output", str(out)]) == 0
     figures = json.loads(out.read_text())
     assert figures["words"] == sum(len(d) for d in docs) and figures["docs"] == 12
-    for key in ("raw_forward_words_per_s", "pipeline_words_per_s", "pipeline_over_raw", "train_words_per_s_none",
+    for key in ("raw_forward_words_per_s", "pipeline_words_per_s", "pipeline_over_raw_forward", "raw_sorted_words_per_s", "pipeline_over_raw_sorted", "train_words_per_s_none",
                 "train_words_per_s_all", "peak_rss_mb_inference", "peak_rss_mb_training"):
         assert figures[key] > 0

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from spacy_unmask import unmasked_layers
-from spacy_unmask.masks import build_layer_masks, layer_windows
+from spacy_unmask.masks import build_layer_masks, layer_windows, segment_positions
 from tiny_models import tiny_config
 
 
@@ -113,3 +113,14 @@ def test_additive_masks_for_eager_attention():
     (mask,) = build_layer_masks(padding, [True], [None], additive_dtype=torch.float32)
     assert mask.dtype == torch.float32
     assert mask[0, 0, 0, 1] == 0 and mask[0, 0, 0, 2] == torch.finfo(torch.float32).min
+
+
+def test_packed_sequences_never_see_each_other():
+    segments = torch.tensor([[1, 1, 1, 2, 2, 0]])
+    for unmask in (False, True):
+        (mask,) = build_layer_masks(segments, [unmask], [None])
+        assert not mask[0, 0, :3, 3:].any() and not mask[0, 0, 3:5, :3].any()
+        assert not mask[0, 0, 3:5, 5].any()  # padding stays hidden
+    (both,) = build_layer_masks(segments, [True], [None])
+    assert both[0, 0, 3, 3:5].all()  # within a sequence, both directions
+    assert segment_positions(segments).tolist() == [[0, 1, 2, 0, 1, 0]]

@@ -75,8 +75,8 @@ class DecoderTok2VecModule(nn.Module):
     def forward(self, batch: PieceBatch) -> List[torch.Tensor]:
         device = next(self.parameters()).device
         tables = []
-        for ids, mask in batch.sub_batches:
-            hidden = self.decoder(torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device))
+        for ids, segments in batch.sub_batches:
+            hidden = self.decoder(torch.from_numpy(ids).to(device), torch.from_numpy(segments).to(device))
             tables.append(hidden.reshape(-1, hidden.shape[-1]))
         if not tables:
             width = self.hidden_size

@@ -2,8 +2,8 @@
 
 Docs are tokenized as running text (so the decoder sees text as it was trained
 on it), pieces are aligned to spaCy tokens by character offsets, long docs are
-cut into overlapping windows, and windows are grouped by length into padded
-sub-batches. All of it is numpy; nothing here loops over tokens in Python.
+cut into overlapping windows, and windows are packed several to a row, each
+its own sequence, so that almost no compute goes to padding. All of it is numpy; nothing here loops over tokens in Python.
 """
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
@@ -12,15 +12,14 @@ import numpy as np
 from spacy.tokens import Doc
 
 
-MIN_FILL = 0.75
-
 
 @dataclass
 class PieceBatch:
     """The decoder inputs for a list of docs, and where each token's pieces land.
 
-    `sub_batches` holds (ids, mask) int64 arrays of shape (rows, length), right
-    padded. Rows of all sub-batches, flattened and concatenated, form one table
+    `sub_batches` holds (ids, segments) int64 arrays of shape (rows, length):
+    each row packs one or more windows, told apart by `segments` (see
+    `masks.build_layer_masks`; 0 is padding). Rows of all sub-batches, flattened and concatenated, form one table
     of piece positions; `token_first[d]` / `token_last[d]` give, for each token
     of doc d, the table rows of its first and last piece (-1: no piece).
     `pairs_token` / `pairs_row` list every (token, piece row) pair, for mean pooling.
@@ -88,6 +87,54 @@ def assign_windows(num_pieces: int, starts: np.ndarray, window: int) -> np.ndarr
     return np.where(margin(before) >= margin(after), before, after).astype(np.int64)
 
 
+def pack_windows(batch: PieceBatch, windows: List[np.ndarray], bos_id, pad_id: int, max_batch_pieces: int) -> np.ndarray:
+    """Pack windows into rows as long as the longest window; fill `batch.sub_batches`.
+
+    Longest first, each window goes into the first row with room (first-fit
+    decreasing), so a row holds several short docs and almost nothing is
+    padding. Each window is its own sequence in the row (its own segment id,
+    positions from 0, BOS first where the model uses one). A sub-batch holds at
+    most `max_batch_pieces` pieces (at least one row). Returns, for each window,
+    the table row of its first content piece.
+    """
+    extra = 0 if bos_id is None else 1
+    lengths = np.array([len(w) + extra for w in windows], dtype=np.int64)
+    window_row = np.zeros(len(windows), dtype=np.int64)
+    if not len(windows):
+        return window_row
+    capacity = int(lengths.max())
+    row_of = np.zeros(len(windows), dtype=np.int64)
+    col_of = np.zeros(len(windows), dtype=np.int64)
+    used = np.zeros(len(windows), dtype=np.int64)  # at most one row per window
+    num_rows = 0
+    for w in np.argsort(-lengths, kind="stable"):
+        fits = np.flatnonzero(used[:num_rows] + lengths[w] <= capacity)
+        row = int(fits[0]) if len(fits) else num_rows
+        num_rows = max(num_rows, row + 1)
+        row_of[w], col_of[w] = row, used[row]
+        used[row] += lengths[w]
+    rows_per_batch = max(1, max_batch_pieces // capacity)
+    by_row = np.lexsort((col_of, row_of))
+    members = np.split(by_row, np.cumsum(np.bincount(row_of, minlength=num_rows))[:-1])
+    offset = 0
+    for first in range(0, num_rows, rows_per_batch):
+        rows = range(first, min(first + rows_per_batch, num_rows))
+        length = int(used[first : rows.stop].max())
+        ids = np.full((len(rows), length), pad_id, dtype=np.int64)
+        segments = np.zeros((len(rows), length), dtype=np.int64)
+        for r, row in enumerate(rows):
+            for segment, w in enumerate(members[row], start=1):
+                col = col_of[w]
+                if extra:
+                    ids[r, col] = bos_id
+                ids[r, col + extra : col + lengths[w]] = windows[w]
+                segments[r, col : col + lengths[w]] = segment
+                window_row[w] = offset + r * length + col + extra
+        batch.sub_batches.append((ids, segments))
+        offset += len(rows) * length
+    return window_row
+
+
 def plan_batch(
     docs: Sequence[Doc],
     tokenizer,
@@ -98,13 +145,12 @@ def plan_batch(
     max_batch_pieces: int,
     pad_id: int = 0,
 ) -> PieceBatch:
-    """Tokenize, align, window and group `docs` for one pass of the decoder."""
+    """Tokenize, align, window and pack `docs` for one pass of the decoder."""
     texts = [doc.text for doc in docs]
     encoded = tokenizer(
         texts, add_special_tokens=False, return_offsets_mapping=True, return_attention_mask=False
     )
-    extra = 0 if bos_id is None else 1
-    windows = []  # (doc index, start, pieces array)
+    windows = []  # the pieces of each window
     doc_piece_window: List[tuple] = []
     for d, doc in enumerate(docs):
         ids = np.asarray(encoded["input_ids"][d], dtype=np.int64)
@@ -113,36 +159,11 @@ def plan_batch(
         owner = assign_windows(len(ids), starts, window) if len(ids) else np.zeros(0, dtype=np.int64)
         first_window = len(windows)
         for start in starts:
-            windows.append((d, int(start), ids[start : start + window]))
+            windows.append(ids[start : start + window])
         doc_piece_window.append((first_window, starts, owner, offsets))
 
-    # Group windows by length so that padding stays small: a sub-batch holds at most
-    # `max_batch_pieces` padded pieces, and closes before a window shorter than
-    # MIN_FILL of its padded length (at most ~1/3 of a sub-batch is padding).
-    order = sorted(range(len(windows)), key=lambda w: -len(windows[w][2]))
-    window_row = np.zeros(len(windows), dtype=np.int64)  # table row of each window's first content piece
     batch = PieceBatch()
-    row_offset = 0
-    position = 0
-    while position < len(order):
-        length = len(windows[order[position]][2]) + extra
-        rows = max(1, max_batch_pieces // max(length, 1))
-        members = [
-            w for w in order[position : position + rows] if len(windows[w][2]) + extra >= MIN_FILL * length
-        ]
-        ids = np.full((len(members), length), pad_id, dtype=np.int64)
-        mask = np.zeros((len(members), length), dtype=np.int64)
-        for r, w in enumerate(members):
-            pieces = windows[w][2]
-            if extra:
-                ids[r, 0] = bos_id
-            ids[r, extra : extra + len(pieces)] = pieces
-            mask[r, : extra + len(pieces)] = 1
-            window_row[w] = row_offset + r * length + extra
-        batch.sub_batches.append((ids, mask))
-        row_offset += len(members) * length
-        position += len(members)
-
+    window_row = pack_windows(batch, windows, bos_id, pad_id, max_batch_pieces)
     pairs_token, pairs_row = [], []
     token_offset = 0
     for doc, (first_window, starts, owner, offsets) in zip(docs, doc_piece_window):
