@@ -199,11 +199,14 @@ def apply_finetuning(
     model = peft.inject_adapter_in_model(config, model)
     from peft.tuners.lora import LoraLayer
 
+    from .dropout import use_cheap_dropout
+
     for module in model.modules():
         if isinstance(module, LoraLayer):
             # peft casts each input to float32 for the LoRA branch, which autocast then
             # casts back: two copies of every projection input, about 15% of a CPU step.
             module.cast_input_dtype_enabled = False
+            use_cheap_dropout(module.lora_dropout)
     for param_name, param in model.named_parameters():
         is_lora = "lora_" in param_name
         param.requires_grad_(is_lora)

@@ -25,6 +25,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--train-steps", type=int, default=8, help="training steps to time per unmask setting (0: skip)")
     parser.add_argument("--train-batch", type=int, default=24, help="documents per training step")
+    parser.add_argument("--profile", type=int, default=0, help="print the N costliest torch ops of two training steps")
     parser.add_argument("--output", type=Path, help="write the figures as JSON here")
 
 
@@ -120,8 +121,18 @@ def run(args) -> int:
                 nlp.update(batch, sgd=optimizer)
             elapsed = time.perf_counter() - start
             trained_words = sum(len(eg.predicted) for batch in timed for eg in batch)
+            texts_trained = [eg.predicted.text for batch in timed for eg in batch]
+            pieces = sum(len(ids) for ids in module.tokenizer(texts_trained, add_special_tokens=False)["input_ids"])
             results[f"train_words_per_s_{unmask}"] = round(trained_words / elapsed, 1)
+            results[f"train_pieces_per_s_{unmask}"] = round(pieces / elapsed, 1)
         results["peak_rss_mb_training"] = round(peak_rss_mb())
+        if args.profile:
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                for batch in batches[1:3]:
+                    nlp.update(batch, sgd=optimizer)
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.profile))
 
     for key, value in results.items():
         print(f"{key:28} {value}")
