@@ -26,8 +26,8 @@ $(VENV_T4)/.installed: pyproject.toml scripts/make_baseline_venv.sh
 demo: venv
 	$(VENV)/bin/python -m spacy project run all
 
-# One torch thread: the n_process=2 test forks after torch has started its thread pool,
-# which can hang GNU OpenMP in the child (seen here with 2 threads).
+# One torch thread: the tiny test models gain nothing from more, and the tests leave the
+# other core free. (The n_process test that needs two threads starts its own process.)
 test: venv venv-t4
 	OMP_NUM_THREADS=1 $(VENV)/bin/python -m pytest -q
 	$(MAKE) test-t4

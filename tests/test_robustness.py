@@ -487,6 +487,41 @@ def test_pipe_two_processes_matches_one_by_one(tiny, style):
     assert [ents(doc) for doc in nlp.pipe(texts, batch_size=2, n_process=2)] == expected
 
 
+def test_pipe_workers_do_not_hang_after_the_parent_used_two_threads(tiny, tmp_path):
+    """GNU OpenMP hangs a forked child whose parent has run a parallel op: the
+    n_process workers must still finish (make test runs with one thread, so this
+    runs in its own process with two)."""
+    import signal
+    import subprocess
+    import sys
+
+    nlp = tiny.nlps["metaspace"]
+    nlp.to_disk(tmp_path / "pipeline")
+    texts = [text for text, _ in TRAIN] * 2
+    expected = [ents(doc) for doc in nlp.pipe(texts)]
+    script = f"""
+import json, spacy, torch
+torch.set_num_threads(2)
+nlp = spacy.load({str(tmp_path / "pipeline")!r})
+x = torch.randn(512, 512)
+for _ in range(10):
+    x @ x  # starts the OpenMP pool in the parent
+docs = nlp.pipe({texts!r}, batch_size=2, n_process=2)
+print(json.dumps([[[e.start, e.end, e.start_char, e.end_char, e.label_] for e in d.ents] for d in docs]))
+"""
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the workers too
+        proc.communicate()
+        pytest.fail("nlp.pipe(n_process=2) hung after torch had used two threads in the parent")
+    assert proc.returncode == 0, err[-2000:]
+    assert [[tuple(e) for e in doc] for doc in json.loads(out.strip().splitlines()[-1])] == expected
+
+
 def test_pipeline_pickles(tiny):
     nlp = tiny.nlps["bytelevel"]
     copy = pickle.loads(pickle.dumps(nlp))

@@ -1,4 +1,5 @@
 """The torch side of DecoderTok2Vec: windows in, one tensor per doc out."""
+import os
 from typing import List, Optional, Tuple
 
 import torch
@@ -7,6 +8,16 @@ from torch import nn
 from ..backbone import UnmaskedDecoder
 from .pooling import pool_pieces
 from .windows import PieceBatch, plan_batch
+
+
+def _one_thread_in_forked_child() -> None:
+    # A child forked after torch's OpenMP pool has started (nlp.pipe(n_process=2))
+    # hangs in its first parallel op with GNU OpenMP; with one thread it never enters
+    # the pool. The workers share the cores anyway. (torch's DataLoader does the same.)
+    torch.set_num_threads(1)
+
+
+os.register_at_fork(after_in_child=_one_thread_in_forked_child)
 
 
 def bf16_supported() -> bool:
