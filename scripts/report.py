@@ -129,10 +129,11 @@ def summarize(folder: Path) -> str:
 
 
 def corpus_folders(path: Path) -> List[Path]:
-    """`path` itself if it holds runs, else its subfolders that do."""
-    if any(is_run_file(p) for p in path.glob("*.json")):
+    """`path` itself if it holds runs, else its subfolders that do (other JSON, such as
+    the bench figures in metrics/bench, is not a run)."""
+    if load_runs(path):
         return [path]
-    return [p for p in sorted(path.iterdir()) if p.is_dir() and any(is_run_file(q) for q in p.glob("*.json"))]
+    return [p for p in sorted(path.iterdir()) if p.is_dir() and load_runs(p)]
 
 
 def main(argv: Optional[List[str]] = None) -> int:

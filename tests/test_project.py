@@ -208,7 +208,11 @@ def test_report(tmp_path, capsys):
     (corpus / "all.train.json").write_text(json.dumps({"wall_s": 3725.0, "peak_rss_mib": 3072.0}))
     (corpus / "all.seqeval.json").write_text(json.dumps({"seqeval_f1": 0.5}))
     (corpus / "notes.json").write_text("[1, 2]")  # not a metrics file: ignored
+    bench = tmp_path / "metrics" / "bench"
+    bench.mkdir()
+    (bench / "smollm2.json").write_text(json.dumps({"pipeline_words_per_s": 500.0}))  # no runs: no table
     assert report.main([str(tmp_path / "metrics")]) == 0
+    assert not (bench / "SUMMARY.md").exists()
     summary = (corpus / "SUMMARY.md").read_text()
     assert summary == capsys.readouterr().out.rstrip("\n") + "\n"
     rows = [line for line in summary.splitlines() if line.startswith("| all ") or line.startswith("| cnn ")]
