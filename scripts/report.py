@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 SIDECARS = (".train.json", ".seqeval.json")
-# Runs in this order first, then the rest alphabetically, baselines last.
+# Runs in this order first (also within each prefix group), baselines last.
 FIRST = ("none", "middle", "all")
 LAST = ("cnn", "minilm")
 
@@ -51,12 +51,16 @@ def load_runs(folder: Path) -> Dict[str, dict]:
 
 
 def order(names) -> List[str]:
+    """Default runs first (none, middle, all), then each run_prefix group in the same
+    order (gemma3-none, gemma3-middle, gemma3-all), other runs by name, baselines last."""
+
     def key(name):
-        if name in FIRST:
-            return (0, FIRST.index(name), name)
         if name in LAST:
-            return (2, LAST.index(name), name)
-        return (1, 0, name)
+            return (2, "", LAST.index(name), name)
+        prefix, _, base = name.rpartition("-")
+        if base in FIRST:
+            return (0 if not prefix else 1, prefix, FIRST.index(base), name)
+        return (1, name, len(FIRST), name)
 
     return sorted(names, key=key)
 

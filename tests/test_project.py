@@ -220,6 +220,8 @@ def test_report(tmp_path, capsys):
     assert rows[1] == "| cnn | 25.00 | 50.00 | 16.67 | – | 1,234 | – | – |"
     assert "| all | 55.00 | 10.00 |" in summary and "| cnn | 30.00 | – |" in summary
     assert "notes" not in summary
+    assert report.order(["cnn", "gemma3-all", "all", "groups-0011", "gemma3-none", "none"]) == [
+        "none", "all", "gemma3-none", "gemma3-all", "groups-0011", "cnn"]
 
 
 # --- seqeval_check.py ----------------------------------------------------------------
