@@ -3,7 +3,8 @@
 Docs are tokenized as running text (so the decoder sees text as it was trained
 on it), pieces are aligned to spaCy tokens by character offsets, long docs are
 cut into overlapping windows, and windows are packed several to a row, each
-its own sequence, so that almost no compute goes to padding. All of it is numpy; nothing here loops over tokens in Python.
+its own sequence, so that almost no compute goes to padding. All of it is numpy;
+nothing here loops over tokens in Python.
 """
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
@@ -19,7 +20,8 @@ class PieceBatch:
 
     `sub_batches` holds (ids, segments) int64 arrays of shape (rows, length):
     each row packs one or more windows, told apart by `segments` (see
-    `masks.build_layer_masks`; 0 is padding). Rows of all sub-batches, flattened and concatenated, form one table
+    `masks.build_layer_masks`; 0 is padding). Rows of all sub-batches,
+    flattened and concatenated, form one table
     of piece positions; `token_first[d]` / `token_last[d]` give, for each token
     of doc d, the table rows of its first and last piece (-1: no piece).
     `pairs_token` / `pairs_row` list every (token, piece row) pair, for mean pooling.
