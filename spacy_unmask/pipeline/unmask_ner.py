@@ -12,10 +12,10 @@ import numpy as np
 from spacy.language import Language
 from spacy.pipeline import TrainablePipe
 from spacy.tokens import Doc, Span
-from spacy.training import Example, biluo_tags_to_spans, biluo_to_iob, iob_to_biluo
+from spacy.training import Example, biluo_tags_to_spans, biluo_to_iob, iob_to_biluo, validate_examples
 from spacy.util import registry
 from thinc.api import Config
-from thinc.api import Model, SequenceCategoricalCrossentropy, chain, with_array
+from thinc.api import Model, SequenceCategoricalCrossentropy, chain, set_dropout_rate, with_array
 from thinc.types import Floats2d
 
 from .viterbi import tag_names, transition_rules, viterbi
@@ -135,10 +135,14 @@ class UnmaskNER(TrainablePipe):
     def update(self, examples: Iterable[Example], *, drop: float = 0.0, sgd=None, losses=None):
         losses = {} if losses is None else losses
         losses.setdefault(self.name, 0.0)
-        examples = list(examples)
+        examples = list(examples) if not isinstance(examples, Example) else examples
+        validate_examples(examples, "UnmaskNER.update")
         docs = [eg.predicted for eg in examples]
         if not any(len(doc) for doc in docs):
             return losses
+        # As spaCy's own components: `drop` ([training] dropout) sets the head's dropout
+        # for this update. LoRA dropout inside the decoder is the `lora_dropout` setting.
+        set_dropout_rate(self.model, drop)
         scores, backprop = self.model.begin_update(docs)
         loss, d_scores = self.get_loss(examples, scores)
         if not np.isfinite(loss):
@@ -164,6 +168,7 @@ class UnmaskNER(TrainablePipe):
             raise ValueError(f"[{self.name}] cannot load the saved component from {path} (truncated or damaged?): {err}") from err
 
     def get_loss(self, examples: Iterable[Example], scores: List[Floats2d]):
+        validate_examples(examples, "UnmaskNER.get_loss")
         known = set(self.tags)
         truths = []
         for eg in examples:
