@@ -81,6 +81,26 @@ def test_project_vars_override(project_copy):
     assert "corpus/ncbi_disease/train.spacy" in commands["cnn"]["deps"]
 
 
+def test_speed_command_runs_the_bench_with_arguments_it_takes(project_copy):
+    """`speed` runs `python -m spacy_unmask bench`, and every argument it passes is one the bench accepts."""
+    import argparse
+
+    from weasel.util import load_project_config
+
+    from spacy_unmask.bench import add_arguments
+
+    config = load_project_config(project_copy, overrides={"vars.corpus": "ncbi_disease", "vars.run_prefix": "gemma3-"})
+    speed = {cmd["name"]: cmd for cmd in config["commands"]}["speed"]
+    (line,) = speed["script"]
+    words = line.split()
+    assert words[:4] == ["python", "-m", "spacy_unmask", "bench"]
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(words[4:])  # exits, failing the test, on an argument the bench lacks
+    assert str(args.data) == "corpus/ncbi_disease/test.spacy" and args.data.as_posix() in speed["deps"]
+    assert str(args.output) == "metrics/bench/gemma3-ncbi_disease.json" == speed["outputs"][0]
+
+
 def test_conll_assets_are_checked_and_never_committed():
     raw = srsly.read_yaml(ROOT / "project.yml")
     conll = [a for a in raw["assets"] if a["dest"].startswith("assets/conll2003/")]
@@ -88,6 +108,7 @@ def test_conll_assets_are_checked_and_never_committed():
     for asset in conll:
         assert asset["url"].startswith("https://")
         assert len(asset["checksum"]) == 32
+        assert asset["extra"] is True  # a plain `spacy project assets` leaves them alone
     ignored = (ROOT / ".gitignore").read_text().split()
     for line in ("assets/conll2003/", "assets/conll2000/", "corpus/", "training/"):
         assert line in ignored
@@ -357,12 +378,10 @@ def test_all_workflow_end_to_end_on_a_tiny_model(tmp_path, tiny_dirs):
     shutil.copytree(ROOT / "assets" / "wnut17", project / "assets" / "wnut17")
     run = lambda *args: subprocess.run([sys.executable, "-m", "spacy", "project", *args], cwd=project,
                                        capture_output=True, text=True)
-    # Offline, CoNLL-2003 is copied from the shared data first; `assets` then downloads nothing.
-    shared = ROOT.parent / "shared" / "data"
-    copied = run("run", "copy-conll", ".", "--vars.shared_data", str(shared))
-    assert copied.returncode == 0, copied.stdout + copied.stderr
+    # No ../shared beside this copy and no internet: `assets` must need neither.
     assets = run("assets", ".")
     assert assets.returncode == 0, assets.stdout + assets.stderr
+    assert not (project / "assets" / "conll2003").exists()
     result = run("run", "all", ".", "--vars.model", tiny_dirs("llama", "bytelevel"), "--vars.max_steps", "4",
                  "--vars.eval_frequency", "2", "--vars.train_limit", "30", "--vars.dev_limit", "20")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
