@@ -4,21 +4,28 @@ Dropout and a softmax layer over BILUO (or BIO) tags on top of the per-token
 vectors; cross-entropy on the gold tags of `Example.get_aligned_ner()` (tokens
 whose gold tag is missing or misaligned are left out of the loss); constrained
 Viterbi decoding, so every predicted entity is a well-formed span.
+
+Each entity also gets a score: the probability, under the same constrained lattice,
+that exactly this span with this label is an entity (`marginals.py`). The scores go
+to `doc.spans[spans_key]` with `attrs["scores"]`, as spaCy's spancat does; entities
+scoring below `threshold` are left out of `doc.ents`.
 """
 from itertools import islice
-from typing import Callable, Dict, Iterable, List, Optional, Sequence
+import math
+from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence
 
 import numpy as np
 from spacy.language import Language
 from spacy.pipeline import TrainablePipe
-from spacy.tokens import Doc, Span
+from spacy.tokens import Doc, Span, SpanGroup
 from spacy.training import Example, biluo_tags_to_spans, biluo_to_iob, iob_to_biluo, validate_examples
 from spacy.util import registry
 from thinc.api import Config
 from thinc.api import Model, SequenceCategoricalCrossentropy, chain, set_dropout_rate, with_array
 from thinc.types import Floats2d
 
-from .viterbi import tag_names, transition_rules, viterbi
+from .marginals import SpanLattice, Spans
+from .viterbi import tag_names, viterbi
 
 DEFAULT_CONFIG = """
 [model]
@@ -48,31 +55,94 @@ def TokenClassifier(tok2vec: Model[List[Doc], List[Floats2d]], dropout: float = 
 
 @Language.factory(
     "unmask_ner",
-    assigns=["doc.ents", "token.ent_iob", "token.ent_type"],
+    assigns=["doc.ents", "token.ent_iob", "token.ent_type", "doc.spans"],
     default_config={
         "model": Config().from_str(DEFAULT_CONFIG)["model"],
         "scheme": "BILUO",
+        "spans_key": "ner",
+        "threshold": 0.0,
+        "candidates_min_score": None,
+        "temperature": 1.0,
         "scorer": {"@scorers": "spacy.ner_scorer.v1"},
     },
     default_score_weights={"ents_f": 1.0, "ents_p": 0.0, "ents_r": 0.0, "ents_per_type": None},
 )
-def make_unmask_ner(nlp: Language, name: str, model: Model, scheme: str, scorer: Optional[Callable]):
-    """Token-classification NER with constrained decoding.
+def make_unmask_ner(
+    nlp: Language,
+    name: str,
+    model: Model,
+    scheme: str,
+    scorer: Optional[Callable],
+    spans_key: str = "ner",
+    threshold: float = 0.0,
+    candidates_min_score: Optional[float] = None,
+    temperature: float = 1.0,
+):
+    """Token-classification NER with constrained decoding and a score per entity.
 
     scheme (str): "BILUO" (default) or "BIO" tags for the softmax layer.
+    spans_key (str): `doc.spans[spans_key]` gets the decoded entities, with their
+        probabilities in `attrs["scores"]` (then any candidates).
+    threshold (float): entities whose score is below it are left out of `doc.ents`
+        (they stay in the span group). 0.0: `doc.ents` holds every decoded entity.
+    candidates_min_score (float or None): if set, the span group also holds every other
+        span (of up to MAX_CANDIDATE_LENGTH = 64 tokens; spans may overlap) whose
+        probability is at least this.
+    temperature (float): the logits are divided by it before the scores are computed
+        (fitted by scripts/calibrate.py); it cannot change the decoded entities.
     """
-    return UnmaskNER(nlp.vocab, model, name, scheme=scheme, scorer=scorer)
+    return UnmaskNER(
+        nlp.vocab, model, name, scheme=scheme, scorer=scorer, spans_key=spans_key, threshold=threshold,
+        candidates_min_score=candidates_min_score, temperature=temperature,
+    )
+
+
+class Prediction(NamedTuple):
+    """What `predict` finds in one doc: the Viterbi path, and the spans of the span group
+    (the `n_decoded` decoded entities first, then candidates) with their probabilities."""
+
+    tag_ids: np.ndarray
+    spans: Spans
+    scores: np.ndarray
+    n_decoded: int
 
 
 class UnmaskNER(TrainablePipe):
-    def __init__(self, vocab, model: Model, name: str = "unmask_ner", *, scheme: str = "BILUO", scorer=None):
+    def __init__(
+        self,
+        vocab,
+        model: Model,
+        name: str = "unmask_ner",
+        *,
+        scheme: str = "BILUO",
+        scorer=None,
+        spans_key: str = "ner",
+        threshold: float = 0.0,
+        candidates_min_score: Optional[float] = None,
+        temperature: float = 1.0,
+    ):
         tag_names([], scheme)  # validates the scheme
         self.vocab = vocab
         self.model = model
         self.name = name
         self.scorer = scorer
+        # Only what training learns goes into cfg (saved, and restored over the config by
+        # from_disk); the settings below stay in the config, so a load-time override wins.
         self.cfg: Dict = {"labels": [], "scheme": scheme}
-        self._rules = None
+        self.spans_key = _check_setting(name, "spans_key", spans_key, isinstance(spans_key, str) and spans_key,
+                                        "a non-empty string")
+        self.threshold = _check_setting(name, "threshold", threshold, _is_number(threshold) and 0.0 <= threshold <= 1.0,
+                                        "a number from 0 to 1")
+        self.candidates_min_score = _check_setting(
+            name, "candidates_min_score", candidates_min_score,
+            candidates_min_score is None or (_is_number(candidates_min_score) and 0.0 < candidates_min_score <= 1.0),
+            "null (off) or a number above 0, at most 1",
+        )
+        self.temperature = _check_setting(
+            name, "temperature", temperature, _is_number(temperature) and 0.0 < temperature < math.inf,
+            "a positive finite number",
+        )
+        self._span_lattice: Optional[SpanLattice] = None
 
     @property
     def labels(self) -> tuple:
@@ -88,7 +158,7 @@ class UnmaskNER(TrainablePipe):
         if self.model.get_ref("output_layer").has_dim("nO"):
             raise ValueError(f"cannot add label {label!r} to an initialised unmask_ner; re-initialise it")
         self.cfg["labels"].append(label)
-        self._rules = None
+        self._span_lattice = None
         return 1
 
     def initialize(self, get_examples: Callable[[], Iterable[Example]], *, nlp=None, labels=None):
@@ -110,23 +180,50 @@ class UnmaskNER(TrainablePipe):
                 "and no labels were given in [initialize.components]"
             )
 
-    def predict(self, docs: List[Doc]) -> List[np.ndarray]:
+    def predict(self, docs: List[Doc]) -> List[Prediction]:
+        return self.decode(self.logits(docs))
+
+    def logits(self, docs: List[Doc]) -> List[np.ndarray]:
+        """Each doc's (tokens, tags) logits: the softmax layer returns logits at prediction time."""
         if not any(len(doc) for doc in docs):
-            return [np.zeros(0, dtype=np.int64) for _ in docs]
-        # The softmax layer returns logits at prediction time; decode on log-probabilities.
-        logits = self.model.predict(docs)
-        allowed, start, end = self._transition_rules()
-        return [viterbi(log_softmax(self.model.ops.to_numpy(s)), allowed, start, end) for s in logits]
+            return [np.zeros((0, len(self.tags)), dtype=np.float32) for _ in docs]
+        return [self.model.ops.to_numpy(s) for s in self.model.predict(docs)]
 
-    def _transition_rules(self):
-        if self._rules is None:
-            self._rules = transition_rules(self.tags, self.cfg["scheme"])
-        return self._rules
+    def decode(self, logits: List[np.ndarray]) -> List[Prediction]:
+        """Viterbi paths, entities and their probabilities from each doc's (tokens, tags) logits."""
+        lattice = self._lattice()
+        paths = [viterbi(log_softmax(s), lattice.allowed, lattice.start, lattice.end) for s in logits]
+        # The temperature cannot move the best valid path (it scales every path's summed
+        # logits alike, and each token's log-softmax shifts all its tags alike), so only
+        # the scores see it.
+        log_probs = [log_softmax(np.asarray(s, dtype=np.float64) / self.temperature) for s in logits]
+        predictions = []
+        for path, marginals in zip(paths, lattice.marginals(log_probs)):
+            decoded = lattice.decoded_spans(path)
+            spans, scores = decoded, marginals.span_scores(decoded)
+            if self.candidates_min_score is not None:
+                found, found_scores = marginals.candidates(self.candidates_min_score)
+                taken = set(zip(*(a.tolist() for a in decoded)))
+                new = np.array([key not in taken for key in zip(*(a.tolist() for a in found))], dtype=bool)
+                spans = Spans(*(np.concatenate([a, b[new]]) for a, b in zip(decoded, found)))
+                scores = np.concatenate([scores, found_scores[new]])
+            predictions.append(Prediction(path, spans, scores, len(decoded)))
+        return predictions
 
-    def set_annotations(self, docs: List[Doc], tag_ids: List[np.ndarray]) -> None:
-        tags = self.tags
-        for doc, ids in zip(docs, tag_ids):
-            doc.ents = self.spans(doc, [tags[i] for i in ids])
+    def _lattice(self) -> SpanLattice:
+        # Rebuilt when the labels or scheme change (add_label, or cfg restored by from_disk).
+        lattice = self._span_lattice
+        if lattice is None or lattice.tags != self.tags or lattice.scheme != self.cfg["scheme"]:
+            lattice = self._span_lattice = SpanLattice(self.tags, self.cfg["scheme"])
+        return lattice
+
+    def set_annotations(self, docs: List[Doc], predictions: List[Prediction]) -> None:
+        labels = self._lattice().labels
+        for doc, found in zip(docs, predictions):
+            spans = [Span(doc, int(s), int(e), label=labels[x]) for s, e, x in zip(*found.spans)]
+            doc.spans[self.spans_key] = SpanGroup(doc, name=self.spans_key, spans=spans,
+                                                  attrs={"scores": found.scores})
+            doc.ents = [span for span, score in zip(spans[: found.n_decoded], found.scores) if score >= self.threshold]
 
     def spans(self, doc: Doc, tags: Sequence[str]) -> List[Span]:
         biluo = list(tags) if self.cfg["scheme"] == "BILUO" else iob_to_biluo(list(tags))
@@ -190,6 +287,16 @@ def _check_finite(pipe: "UnmaskNER") -> None:
                     f"[{pipe.name}] refusing to save non-finite weights ({node.name}.{param}): training "
                     "diverged (the loss became NaN or infinite); lower the learning rate"
                 )
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+
+
+def _check_setting(component: str, setting: str, value, ok, accepted: str):
+    if not ok:
+        raise ValueError(f"[{component}] {setting} = {value!r} is not accepted; expected {accepted}")
+    return value
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
