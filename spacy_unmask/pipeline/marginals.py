@@ -120,15 +120,18 @@ class SpanLattice:
         alpha = np.empty_like(emissions)
         beta = np.empty_like(emissions)
         alpha[:, 0] = np.where(self.start, emissions[:, 0], -np.inf)
-        for t in range(1, steps):
-            alpha[:, t] = emissions[:, t] + log_matmul(alpha[:, t - 1], self._forward_steps)
         at_end = np.where(self.end, 0.0, -np.inf)
         last = lengths - 1
+        # A shorter doc's backward pass starts at its own last token.
+        ending = {int(t): np.flatnonzero(last == t) for t in np.unique(last) if t < steps - 1}
         beta[:, steps - 1] = at_end
-        for t in range(steps - 2, -1, -1):
-            following = log_matmul(emissions[:, t + 1] + beta[:, t + 1], self._backward_steps)
-            # A shorter doc's backward pass starts at its own last token.
-            beta[:, t] = np.where((last == t)[:, None], at_end, following)
+        with np.errstate(divide="ignore"):  # log(0) = -inf for tags no path reaches
+            for t in range(1, steps):
+                alpha[:, t] = emissions[:, t] + log_matmul(alpha[:, t - 1], self._forward_steps)
+            for t in range(steps - 2, -1, -1):
+                beta[:, t] = log_matmul(emissions[:, t + 1] + beta[:, t + 1], self._backward_steps)
+                if t in ending:
+                    beta[ending[t], t] = at_end
         # closing[b, t, k]: log-weight of everything after token t, given tag k at t and
         # a next tag that does not continue k's span (or the end of the doc).
         closing = np.full_like(emissions, -np.inf)
@@ -225,15 +228,13 @@ class SpanMarginals(NamedTuple):
 
 def log_matmul(log_v: np.ndarray, allowed: np.ndarray) -> np.ndarray:
     """out[b, j] = log sum of exp(log_v[b, i]) over the i with allowed[i, j] (a 0/1 float matrix)."""
-    top = np.max(log_v, axis=1, keepdims=True)
-    top = np.where(np.isfinite(top), top, 0.0)
+    top = np.maximum(log_v.max(axis=1, keepdims=True), -1e300)  # a row of -inf stays -inf
     sums = np.exp(log_v - top) @ allowed
-    with np.errstate(divide="ignore"):
-        out = np.log(sums) + top
+    out = np.log(sums) + top
     # Shifting by the row's best state underflows for a column whose allowed states all
     # lie ~650 nats or more below it: those rows are redone with a shift per column.
-    low = (sums < 1e-280).any(axis=1)
-    if low.any():
+    if sums.min() < 1e-280:
+        low = (sums < 1e-280).any(axis=1)
         terms = np.where(allowed[None] > 0, log_v[low][:, :, None], -np.inf)
         out[low] = logsumexp(terms, axis=1)
     return out
