@@ -76,6 +76,23 @@ def test_scores_and_candidates_are_the_probabilities_over_every_valid_tag_sequen
     assert {s for s, p in zip(spans, scores) if p >= 0.01} == {s for s, p in expected.items() if p >= 0.01}
 
 
+def test_a_bio_pipeline_scores_its_spans_over_the_bio_lattice(tiny_dirs):
+    nlp = spacy.blank("en")
+    config = {"model": {"tok2vec": {"name": tiny_dirs("llama", "metaspace"), "dtype": "float32"}},
+              "scheme": "BIO", "candidates_min_score": 0.02}
+    ner = nlp.add_pipe("unmask_ner", name="ner", config=config)
+    examples = make_examples(nlp, n=8)
+    nlp.initialize(lambda: examples)
+    text = "EU rejects German call"
+    log_probs = log_softmax(ner.logits([nlp.make_doc(text)])[0].astype(np.float64))
+    lattice = SpanLattice(ner.tags, "BIO")
+    expected = {(s, e, lattice.labels[x]): p for (s, e, x), p in brute_force(lattice, log_probs).items()}
+    spans, scores = group_of(nlp(text))
+    assert spans and {s for s, p in expected.items() if p >= 0.02} <= set(spans)
+    for span, score in zip(spans, scores):
+        assert score == pytest.approx(expected.get(span, 0.0), rel=1e-6, abs=1e-12)
+
+
 def old_decoding(nlp, texts):
     """doc.ents as unmask_ner set them before entities had scores: Viterbi, then the tags' spans."""
     ner = nlp.get_pipe("ner")

@@ -142,7 +142,7 @@ def test_a_batch_of_docs_of_every_length_gives_each_doc_its_own_marginals():
         keys, spans = every_span(len(doc), 2)
         np.testing.assert_allclose(together.span_log_probs(spans), alone.span_log_probs(spans), atol=1e-12)
     assert len(batched[1].span_log_probs(Spans.empty())) == 0
-    assert len(batched[1].candidates(0.5)[0]) == 0
+    assert len(batched[1].candidates(0.5)[0].starts) == 0
 
 
 @pytest.mark.parametrize("scheme", ["BILUO", "BIO"])
@@ -160,7 +160,7 @@ def test_a_20000_token_doc_gives_finite_marginals(scheme):
     scores = marginals.span_scores(lat.decoded_spans(path))
     assert len(scores) > 1000 and np.isfinite(scores).all() and (scores >= 0).all() and (scores <= 1).all()
     spans, candidate_scores = marginals.candidates(0.1)
-    assert len(spans) >= (scores >= 0.1).sum() and (candidate_scores >= 0.1 - 1e-12).all()
+    assert len(spans.starts) >= (scores >= 0.1).sum() and (candidate_scores >= 0.1 - 1e-12).all()
 
 
 @pytest.mark.parametrize("scheme", ["BILUO", "BIO"])

@@ -23,7 +23,7 @@ LOG_FLOOR = -1e4
 # Candidate spans (alternatives to the decoded entities) are at most this many
 # tokens long; decoded entities are scored whatever their length.
 MAX_CANDIDATE_LENGTH = 64
-# Padded tokens per forward-backward batch (bounds memory: three float64 arrays of
+# Padded tokens per forward-backward batch (bounds memory: a few float64 arrays of
 # this many tokens x tags).
 BATCH_TOKENS = 1 << 16
 
@@ -38,9 +38,6 @@ class Spans(NamedTuple):
     @classmethod
     def empty(cls) -> "Spans":
         return cls(*(np.zeros(0, dtype=np.int64) for _ in range(3)))
-
-    def __len__(self) -> int:
-        return len(self.starts)
 
 
 class SpanLattice:
@@ -68,12 +65,12 @@ class SpanLattice:
         tag_labels = np.array([t[2:] for t in self.tags])
         continues = (np.isin(kinds, ["I", "L"])[None, :] & (tag_labels[:, None] == tag_labels[None, :])
                      & (kinds != "O")[:, None])
-        self.exit = self.allowed & ~continues
+        exits = self.allowed & ~continues
         # Tags that a span can close on, grouped by their set of allowed next tags.
         closers = np.union1d(self.single, self.last)
-        rows = {tuple(self.exit[k]) for k in closers}
+        rows = {tuple(exits[k]) for k in closers}
         self._exit_groups = [
-            (np.array(row), np.array([k for k in closers if tuple(self.exit[k]) == row], dtype=np.int64))
+            (np.array(row), np.array([k for k in closers if tuple(exits[k]) == row], dtype=np.int64))
             for row in sorted(rows)
         ]
         self._kinds = kinds
@@ -96,17 +93,15 @@ class SpanLattice:
         """Forward-backward for each doc's (tokens, tags) log-probabilities, batched."""
         floored = [np.maximum(np.asarray(lp, dtype=np.float64), LOG_FLOOR) for lp in log_probs]
         out: List = [None] * len(floored)
+        # Longest first: a batch is padded to the length of its first doc.
         order = sorted(range(len(floored)), key=lambda i: -len(floored[i]))
-        batch: List[int] = []
-        for i in order + [None]:
-            # Longest first: a batch is padded to its first doc's length.
-            if i is None or (batch and (len(batch) + 1) * len(floored[batch[0]]) > BATCH_TOKENS):
-                if batch:
-                    for j, result in zip(batch, self._forward_backward([floored[j] for j in batch])):
-                        out[j] = result
-                batch = []
-            if i is not None:
-                batch.append(i)
+        first = 0
+        while first < len(order):
+            stop = first + max(1, BATCH_TOKENS // max(1, len(floored[order[first]])))
+            batch = order[first:stop]
+            for i, result in zip(batch, self._forward_backward([floored[i] for i in batch])):
+                out[i] = result
+            first = stop
         return out
 
     def _forward_backward(self, docs: List[np.ndarray]) -> List["SpanMarginals"]:

@@ -10,8 +10,8 @@ that exactly this span with this label is an entity (`marginals.py`). The scores
 to `doc.spans[spans_key]` with `attrs["scores"]`, as spaCy's spancat does; entities
 scoring below `threshold` are left out of `doc.ents`.
 """
-from itertools import islice
 import math
+from itertools import islice
 from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence
 
 import numpy as np
@@ -207,7 +207,7 @@ class UnmaskNER(TrainablePipe):
                 new = np.array([key not in taken for key in zip(*(a.tolist() for a in found))], dtype=bool)
                 spans = Spans(*(np.concatenate([a, b[new]]) for a, b in zip(decoded, found)))
                 scores = np.concatenate([scores, found_scores[new]])
-            predictions.append(Prediction(path, spans, scores, len(decoded)))
+            predictions.append(Prediction(path, spans, scores, len(decoded.starts)))
         return predictions
 
     def _lattice(self) -> SpanLattice:
