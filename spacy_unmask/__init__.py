@@ -4,16 +4,17 @@ Importing this package is cheap: spaCy imports every installed plugin, so
 torch, transformers and peft load only when a model is built.
 """
 from .masks import unmasked_layers
+from .settings import BackboneSettings
 
-__all__ = ["unmasked_layers", "DecoderTok2Vec", "UnmaskNER"]
+__all__ = ["unmasked_layers", "BackboneSettings", "DecoderTok2Vec", "UnmaskNER", "get_backbone"]
 __version__ = "0.1.0"
 
 
 def __getattr__(name):
-    if name == "DecoderTok2Vec":
-        from .layers.decoder_tok2vec import DecoderTok2Vec
+    if name in ("DecoderTok2Vec", "get_backbone"):
+        from .layers import decoder_tok2vec
 
-        return DecoderTok2Vec
+        return getattr(decoder_tok2vec, name)
     if name == "UnmaskNER":
         from .pipeline.unmask_ner import UnmaskNER
 

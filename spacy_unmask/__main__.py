@@ -1,4 +1,5 @@
-"""`python -m spacy_unmask download NAME` and `python -m spacy_unmask bench ...`."""
+"""`python -m spacy_unmask download NAME`, `python -m spacy_unmask bench ...` and
+`python -m spacy_unmask annotate PIPELINE INPUT OUTPUT`."""
 import argparse
 import sys
 
@@ -18,14 +19,24 @@ def main(argv=None) -> int:
     from .bench import add_arguments
 
     add_arguments(bench)
+    annotate = commands.add_parser(
+        "annotate", help="tag a corpus (JSONL, Parquet, .txt folder) into resumable parts, bad records set aside"
+    )
+    from .annotate import add_arguments as add_annotate_arguments
+
+    add_annotate_arguments(annotate)
     args = parser.parse_args(argv)
+    if args.command == "annotate":
+        from .annotate import run as run_annotate
+
+        return run_annotate(args)
     if args.command == "download":
         if args.name in REGISTRY_MODELS:
             from .download import model_dir
 
             print(model_dir(args.name, log=lambda msg: print(msg, file=sys.stderr)))
         else:
-            from .backbone import load_config
+            from .loading import load_config
 
             load_config(args.name)  # a clear error if it cannot be loaded or is unsupported
             print(args.name)

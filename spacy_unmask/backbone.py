@@ -1,242 +1,74 @@
-"""Load a decoder LLM, install per-layer attention masks, add LoRA.
+"""`Backbone`: the one torch module behind `spacy_unmask.DecoderTok2Vec.v1`.
 
-`load_decoder` accepts a Hugging Face id, a local `save_pretrained` directory,
-a `.gguf` file, or the name of a registry-carried model (`smollm2-135m`).
-`UnmaskedDecoder` is the torch module the Thinc layer wraps: it runs the base
-model with one attention mask per layer, built by `masks.build_layer_masks`.
+It owns the decoder (loaded by `loading.py`, with LoRA from `lora.py`), one
+attention mask per layer (installed as forward pre-hooks, built per batch by
+`masks.build_layer_masks`), the state of the LoRA merge used for prediction,
+and the way docs become decoder inputs and vectors come back
+(`layers/windows.py` plans the windows, `layers/pooling.py` pools pieces to
+tokens). Its settings are the pipeline's `BackboneSettings` object itself.
 """
+import os
 from contextlib import nullcontext
 from functools import partial
-from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 import transformers
-from packaging.version import Version
 from torch import nn
 
-from .masks import build_layer_masks, layer_windows, segment_positions, unmasked_layers
+from .layers.pooling import pool_pieces
+from .layers.windows import PieceBatch, plan_batch
+from .loading import decoder_from_config, decoder_layers, load_config, load_decoder
+from .lora import apply_finetuning, merge_copies, restore
+from .masks import build_layer_masks, layer_windows, parse_unmask, segment_positions
+from .settings import BackboneSettings
 
-SUPPORTED_MODEL_TYPES = (
-    "llama",
-    "mistral",
-    "qwen2",
-    "qwen3",
-    "gemma",
-    "gemma2",
-    "gemma3_text",
-    "phi3",
-)
-ATTENTION_IMPLEMENTATIONS = ("auto", "sdpa", "eager")
-FINETUNE_MODES = ("lora", "frozen", "full")
 # Keyword that carries the per-layer masks through the model's forward to the layer hooks.
-_MASKS_KWARG = "unmask_layer_masks"
-_TRANSFORMERS_5 = Version(transformers.__version__) >= Version("5.0.0")
+MASKS_KWARG = "unmask_layer_masks"
 
 
-def resolve_source(name: str) -> Tuple[str, Optional[str]]:
-    """Where to load `name` from: (directory or hub id, gguf file name or None)."""
-    from .download import REGISTRY_MODELS, model_dir
-
-    if name in REGISTRY_MODELS:
-        return str(model_dir(name)), None
-    path = Path(name).expanduser()
-    if path.suffix == ".gguf":
-        if not path.is_file():
-            raise ValueError(f"model {name!r}: no such GGUF file")
-        return str(path.parent), path.name
-    if path.exists():
-        if not (path / "config.json").is_file():
-            raise ValueError(
-                f"model {name!r}: the directory has no config.json; expected a "
-                "save_pretrained directory, a .gguf file, a Hugging Face id or one of "
-                f"{sorted(REGISTRY_MODELS)}"
-            )
-        return str(path), None
-    if name.startswith((".", "/", "~")) or name.count("/") > 1:
-        raise ValueError(
-            f"model {name!r}: no such file or directory (a model is a Hugging Face id, a "
-            f"save_pretrained directory, a .gguf file, or one of {sorted(REGISTRY_MODELS)})"
-        )
-    return name, None
+def _one_thread_in_forked_child() -> None:
+    # A child forked after torch's OpenMP pool has started (nlp.pipe(n_process=2))
+    # hangs in its first parallel op with GNU OpenMP; with one thread it never enters
+    # the pool. The workers share the cores anyway. (torch's DataLoader does the same.)
+    torch.set_num_threads(1)
 
 
-def load_config(name: str, *, trust_remote_code: bool = False):
-    source, gguf_file = resolve_source(name)
-    try:
-        config = transformers.AutoConfig.from_pretrained(
-            source, gguf_file=gguf_file, trust_remote_code=trust_remote_code
-        )
-    except Exception as err:  # transformers raises many kinds (struct.error on a cut GGUF)
-        from .download import REGISTRY_MODELS
-
-        raise ValueError(
-            f"model {name!r} could not be loaded ({type(err).__name__}: {err}). Give a Hugging Face "
-            "id that is in the local cache (or reachable), a save_pretrained directory, a .gguf "
-            f"file, or a registry model: {', '.join(sorted(REGISTRY_MODELS))}. Supported "
-            f"architectures: {', '.join(SUPPORTED_MODEL_TYPES)}."
-        ) from err
-    check_supported(config, name)
-    return config
+os.register_at_fork(after_in_child=_one_thread_in_forked_child)
 
 
-def check_supported(config, name: str) -> None:
-    if config.model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(
-            f"model {name!r} has architecture {config.model_type!r}, which spacy-unmask "
-            f"does not support. Supported: {', '.join(SUPPORTED_MODEL_TYPES)}."
-        )
+def bf16_supported() -> bool:
+    if torch.cuda.is_available():
+        return torch.cuda.is_bf16_supported()
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
 
 
-def choose_attention(config, attn_implementation: str) -> str:
-    if attn_implementation not in ATTENTION_IMPLEMENTATIONS:
-        raise ValueError(
-            f"attn_implementation {attn_implementation!r} is not supported; accepted: "
-            f"{', '.join(ATTENTION_IMPLEMENTATIONS)} (FlashAttention ignores per-layer masks)"
-        )
-    if attn_implementation == "auto":
-        # SDPA has no logit soft-capping (Gemma 2): use eager there.
-        softcap = getattr(config, "attn_logit_softcapping", None)
-        return "eager" if softcap else "sdpa"
-    return attn_implementation
+def resolve_dtypes(dtype: str, finetune: str) -> Tuple[torch.dtype, Optional[torch.dtype]]:
+    """(dtype of the stored weights, autocast dtype or None) for a `dtype` setting."""
+    if dtype == "auto":
+        dtype = "bfloat16" if bf16_supported() else "float32"
+    compute = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    # Trainable weights must stay float32: the optimizer works on numpy copies.
+    weights = torch.float32 if compute is None or finetune == "full" else compute
+    return weights, compute
 
 
-def load_decoder(
-    name: str,
-    *,
-    attn_implementation: str = "auto",
-    dtype: torch.dtype = torch.float32,
-    trust_remote_code: bool = False,
-):
-    """Load the base decoder (without LM head) and its fast tokenizer."""
-    config = load_config(name, trust_remote_code=trust_remote_code)
-    source, gguf_file = resolve_source(name)
-    impl = choose_attention(config, attn_implementation)
-    dtype_kwarg = "dtype" if _TRANSFORMERS_5 else "torch_dtype"
-    # Load through the causal-LM class: AutoModel on a checkpoint saved from
-    # *ForCausalLM can silently re-initialise the weights (transformers 4.53, Gemma 3).
-    lm = transformers.AutoModelForCausalLM.from_pretrained(
-        source,
-        gguf_file=gguf_file,
-        attn_implementation=impl,
-        trust_remote_code=trust_remote_code,
-        **{dtype_kwarg: dtype},
-    )
-    model = lm.get_decoder()
-    del lm
-    tokenizer = load_tokenizer(source, gguf_file=gguf_file, trust_remote_code=trust_remote_code)
-    return model, tokenizer
+class Backbone(nn.Module):
+    """A decoder whose layers each get their own attention mask, as a tok2vec.
 
-
-def load_tokenizer(source: str, *, gguf_file: Optional[str] = None, trust_remote_code: bool = False):
-    tokenizer = transformers.AutoTokenizer.from_pretrained(
-        source, gguf_file=gguf_file, trust_remote_code=trust_remote_code
-    )
-    if not tokenizer.is_fast:
-        raise ValueError(
-            f"model {source!r}: spacy-unmask needs a fast tokenizer (with character "
-            "offsets) and this model only has a slow one"
-        )
-    return tokenizer
-
-
-def decoder_layers(model) -> nn.ModuleList:
-    layers = getattr(model, "layers", None)
-    if layers is None:
-        raise ValueError(f"{type(model).__name__} has no .layers; cannot install masks")
-    return layers
-
-
-def linear_module_names(model) -> List[str]:
-    """The short names of the linear layers inside the decoder blocks (LoRA targets)."""
-    names = set()
-    for full_name, module in decoder_layers(model).named_modules():
-        if isinstance(module, nn.Linear):
-            names.add(full_name.rsplit(".", 1)[-1])
-    return sorted(names)
-
-
-def apply_finetuning(
-    model,
-    finetune: str,
-    *,
-    lora_r: int = 16,
-    lora_alpha: int = 32,
-    lora_dropout: float = 0.1,
-    lora_targets: Sequence[str] = ("attention",),
-):
-    """Make only the weights of the chosen fine-tuning mode trainable."""
-    if finetune not in FINETUNE_MODES:
-        raise ValueError(
-            f"finetune {finetune!r} is not supported; accepted: {', '.join(FINETUNE_MODES)}"
-        )
-    if finetune == "full":
-        model.requires_grad_(True)
-        return model
-    model.requires_grad_(False)
-    if finetune == "frozen":
-        return model
-    available = linear_module_names(model)
-    lora_targets = expand_targets(model, lora_targets)
-    missing = [t for t in lora_targets if t not in available]
-    if missing or not lora_targets:
-        raise ValueError(
-            f"lora_targets {list(lora_targets)!r}: {missing or 'empty'} not found in the "
-            f"model; its linear layers are {available}"
-        )
-    if lora_r < 1:
-        raise ValueError(f"lora_r must be a positive integer, got {lora_r!r}")
-    if not 0.0 <= lora_dropout < 1.0:
-        raise ValueError(f"lora_dropout must be in [0, 1), got {lora_dropout!r}")
-    import peft
-
-    config = peft.LoraConfig(
-        r=lora_r,
-        lora_alpha=lora_alpha,
-        lora_dropout=lora_dropout,
-        target_modules=list(lora_targets),
-    )
-    model = peft.inject_adapter_in_model(config, model)
-    from peft.tuners.lora import LoraLayer
-
-    from .dropout import use_cheap_dropout
-
-    for module in model.modules():
-        if isinstance(module, LoraLayer):
-            # peft casts each input to float32 for the LoRA branch, which autocast then
-            # casts back: two copies of every projection input, about 15% of a CPU step.
-            module.cast_input_dtype_enabled = False
-            use_cheap_dropout(module.lora_dropout)
-    for param_name, param in model.named_parameters():
-        is_lora = "lora_" in param_name
-        param.requires_grad_(is_lora)
-        if is_lora:  # float32, so that the optimizer sees full-precision values
-            param.data = param.data.float()
-    return model
-
-
-def expand_targets(model, targets: Sequence[str]) -> List[str]:
-    """Replace "attention" by the model's attention projections (q/k/v/o, or Phi-3's qkv/o)."""
-    expanded: List[str] = []
-    for target in targets:
-        if target == "attention":
-            attention = decoder_layers(model)[0].self_attn
-            expanded.extend(n for n, m in attention.named_children() if isinstance(m, nn.Linear))
-        else:
-            expanded.append(target)
-    return expanded
-
-
-class UnmaskedDecoder(nn.Module):
-    """A decoder whose layers each get their own attention mask.
-
-    Padding is masked in every layer; a layer listed as unmasked attends to both
-    sides (within its sliding window, if it has one); other layers stay causal.
+    Padding is masked in every layer; a layer listed in `settings.unmask` attends
+    to both sides (within its sliding window, if it has one; to the right only
+    within the token's sentence with `unmask_scope = "sentence"`); other layers
+    stay causal. `forward` takes a `PieceBatch` (see `plan`) and returns one
+    (tokens, hidden size) tensor per doc.
     """
 
-    def __init__(self, model, unmask: str, *, autocast_dtype: Optional[torch.dtype] = None):
+    def __init__(self, model, tokenizer, settings: BackboneSettings, compute_dtype: Optional[torch.dtype]):
         super().__init__()
         self.model = model
+        self.tokenizer = tokenizer
+        self.settings = settings
+        self.compute_dtype = compute_dtype
         config = model.config
         impl = getattr(config, "_attn_implementation", "sdpa")
         if impl not in ("sdpa", "eager"):
@@ -244,46 +76,174 @@ class UnmaskedDecoder(nn.Module):
                 f"attention implementation {impl!r} cannot take per-layer masks; use 'sdpa' or 'eager'"
             )
         self.additive = impl == "eager"
-        self.set_unmask(unmask)
+        self.unmasked = settings.unmask_spec.layers(config.num_hidden_layers)
         self.windows = layer_windows(config)
-        self.autocast_dtype = autocast_dtype
         for index, layer in enumerate(decoder_layers(model)):
             layer.register_forward_pre_hook(partial(_use_layer_mask, index), with_kwargs=True)
+        # Decoders trained with a BOS piece (Llama, Gemma) expect it at the start of each window.
+        probe = tokenizer("a", add_special_tokens=True)["input_ids"]
+        self.bos_id = probe[0] if tokenizer.bos_token_id is not None and probe[0] == tokenizer.bos_token_id else None
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        # Loaded pipelines fold LoRA into copies of the base weights for prediction;
+        # any training step, save or device move puts the originals back first.
+        self.merge_for_inference = False
+        self._unmerged = None
 
-    def set_unmask(self, unmask: str) -> None:
-        self.unmask = unmask
-        self.unmasked = unmasked_layers(unmask, self.model.config.num_hidden_layers)
+    @classmethod
+    def load(cls, settings: BackboneSettings) -> "Backbone":
+        """Load the decoder named in the settings and add LoRA (a fresh adapter)."""
+        model, tokenizer = _load_base(settings)
+        return cls._make(apply_finetuning(model, settings), tokenizer, settings)
+
+    @classmethod
+    def rebuild(cls, settings: BackboneSettings, config, tokenizer, state: dict) -> "Backbone":
+        """A saved backbone: the architecture from `config` (or, in adapter mode, the base
+        model from `settings.name`) and the saved weights in `state`."""
+        if settings.save_mode == "full":
+            weights_dtype, _ = resolve_dtypes(settings.dtype, settings.finetune)
+            model = decoder_from_config(config, attn_implementation=settings.attn_implementation, dtype=weights_dtype)
+        else:
+            model, tokenizer = _load_base(settings)
+        model = apply_finetuning(model, settings)
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        if settings.save_mode == "adapter":
+            missing = [k for k in missing if "lora_" in k]  # the base weights came from `name`
+        if unexpected or missing:
+            raise ValueError(
+                f"the saved backbone weights do not fit the model {settings.name!r}: "
+                f"missing {list(missing)[:5]}, unexpected {list(unexpected)[:5]}"
+            )
+        backbone = cls._make(model, tokenizer, settings)
+        backbone.merge_for_inference = settings.finetune == "lora"
+        return backbone
+
+    @classmethod
+    def _make(cls, model, tokenizer, settings: BackboneSettings) -> "Backbone":
+        if settings.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return cls(model, tokenizer, settings, resolve_dtypes(settings.dtype, settings.finetune)[1])
 
     @property
     def hidden_size(self) -> int:
         return self.model.config.hidden_size
 
-    def forward(self, input_ids: torch.Tensor, segments: torch.Tensor) -> torch.Tensor:
-        """Last hidden states (batch, length, width).
+    @property
+    def num_layers(self) -> int:
+        return self.model.config.num_hidden_layers
+
+    def set_unmask(self, unmask: str) -> None:
+        """Change which layers attend both ways (the settings and the masks together)."""
+        self.unmasked = parse_unmask(unmask).layers(self.num_layers)
+        self.settings.unmask = unmask
+
+    # --- docs in, vectors out -----------------------------------------------------
+
+    def plan(self, docs) -> PieceBatch:
+        """Tokenize, align, window and pack docs for `forward`."""
+        s = self.settings
+        return plan_batch(
+            docs,
+            self.tokenizer,
+            window=s.window,
+            stride=s.stride,
+            bos_id=self.bos_id,
+            max_batch_pieces=s.max_batch_pieces,
+            pad_id=self.pad_id,
+            sentence_scopes=s.unmask_scope == "sentence",
+        )
+
+    def forward(self, batch: PieceBatch) -> List[torch.Tensor]:
+        device = self.device
+        tables = []
+        for ids, segments, scopes in batch.sub_batches:
+            as_tensor = lambda a: torch.from_numpy(a).to(device)
+            hidden = self.hidden_states(as_tensor(ids), as_tensor(segments), as_tensor(scopes))
+            tables.append(hidden.reshape(-1, hidden.shape[-1]))
+        if not tables:
+            return [torch.zeros(n, self.hidden_size, device=device) for n in batch.lengths]
+        return pool_pieces(torch.cat(tables), batch, self.settings.pooling)
+
+    def predict(self, batch: PieceBatch) -> List[torch.Tensor]:
+        self.set_merged(self.merge_for_inference)
+        self.eval()
+        with torch.inference_mode():
+            return self(batch)
+
+    def hidden_states(
+        self, input_ids: torch.Tensor, segments: torch.Tensor, scopes: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
+        """Last hidden states (batch, length, width) of the masked decoder.
 
         `segments` (batch, length) says which pieces form one sequence: equal
         positive ids, contiguous; 0 is padding (see `masks.build_layer_masks`).
-        Each sequence gets positions from 0 and sees only itself.
+        Each sequence gets positions from 0 and sees only itself. `scopes`
+        limits what unmasked layers see on the right.
         """
         dtype = self.model.get_input_embeddings().weight.dtype
         masks = build_layer_masks(
             segments,
             self.unmasked,
             self.windows,
-            additive_dtype=(self.autocast_dtype or dtype) if self.additive else None,
+            scopes=scopes,
+            additive_dtype=(self.compute_dtype or dtype) if self.additive else None,
         )
         device_type = input_ids.device.type
         with torch.autocast(
-            device_type, dtype=self.autocast_dtype or dtype, enabled=self.autocast_dtype is not None
+            device_type, dtype=self.compute_dtype or dtype, enabled=self.compute_dtype is not None
         ), _training_attention(device_type):
             output = self.model(
                 input_ids=input_ids,
                 attention_mask=(segments > 0).long(),
                 position_ids=segment_positions(segments),
                 use_cache=False,
-                **{_MASKS_KWARG: masks},
+                **{MASKS_KWARG: masks},
             )
         return output.last_hidden_state
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    # --- LoRA merge ---------------------------------------------------------------
+
+    @property
+    def merged(self) -> bool:
+        return self._unmerged is not None
+
+    def set_merged(self, merged: bool) -> None:
+        """Fold LoRA into copies of the base weights (True) or put the originals back."""
+        if merged == self.merged:
+            return
+        if merged:
+            self._unmerged = merge_copies(self.model)
+        else:
+            restore(self._unmerged)
+            self._unmerged = None
+
+    def saved_state(self) -> dict:
+        """The weights to save (all, or LoRA only in adapter mode), never merged."""
+        self.set_merged(False)
+        state = self.model.state_dict()
+        if self.settings.save_mode == "adapter":
+            state = {k: v for k, v in state.items() if "lora_" in k}
+        return {k: v.detach().contiguous().cpu() for k, v in state.items()}
+
+    def _apply(self, fn, *args, **kwargs):
+        self.set_merged(False)  # .to() / .half() must move the original weights
+        return super()._apply(fn, *args, **kwargs)
+
+
+def _load_base(settings: BackboneSettings):
+    """The base decoder named in the settings (cut to `num_layers`) and its tokenizer."""
+    weights_dtype, _ = resolve_dtypes(settings.dtype, settings.finetune)
+    config = load_config(settings.name, trust_remote_code=settings.trust_remote_code, num_layers=settings.num_layers)
+    return load_decoder(
+        settings.name,
+        config,
+        attn_implementation=settings.attn_implementation,
+        dtype=weights_dtype,
+        trust_remote_code=settings.trust_remote_code,
+    )
 
 
 def _training_attention(device_type: str):
@@ -297,7 +257,14 @@ def _training_attention(device_type: str):
 
 
 def _use_layer_mask(index: int, module, args, kwargs):
-    masks = kwargs.pop(_MASKS_KWARG, None)
-    if masks is not None:
-        kwargs["attention_mask"] = masks[index]
+    masks = kwargs.pop(MASKS_KWARG, None)
+    if masks is None:
+        raise RuntimeError(
+            f"decoder layer {index} ({type(module).__name__}) received no per-layer attention mask: "
+            f"the model's forward (transformers {transformers.__version__}) did not pass the "
+            f"{MASKS_KWARG!r} keyword on to its layers, so this layer would silently use the model's "
+            "own causal mask. Run the decoder through Backbone.hidden_states, and report this "
+            "transformers version to spacy-unmask."
+        )
+    kwargs["attention_mask"] = masks[index]
     return args, kwargs

@@ -4,6 +4,7 @@ A spec string says which decoder layers attend in both directions; every other
 layer keeps the model's own causal mask. Padding stays masked in every layer.
 """
 import re
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 SPEC_HELP = (
@@ -14,58 +15,68 @@ SPEC_HELP = (
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 
 
-def check_unmask_spec(spec: str) -> None:
-    """Check the grammar of an unmask spec before any model is loaded."""
-    _parse(spec, None)
+@dataclass(frozen=True)
+class UnmaskSpec:
+    """A parsed unmask spec: which layers attend both ways, before the layer count is known.
 
-
-def unmasked_layers(spec: str, num_layers: int) -> List[bool]:
-    """Parse an unmask spec into one flag per layer, input side first.
-
-    True means that layer attends in both directions; False keeps it causal.
+    `kind` is "none", "all", "middle", "groups" (with `pattern`) or "layers"
+    (with `ranges`, inclusive 0-based). `layers(num_layers)` resolves it.
     """
-    if not isinstance(num_layers, int) or num_layers < 1:
-        raise ValueError(f"num_layers must be a positive integer, got {num_layers!r}")
-    return _parse(spec, num_layers)
+
+    text: str
+    kind: str
+    pattern: str = ""
+    ranges: Tuple[Tuple[int, int], ...] = ()
+
+    def layers(self, num_layers: int) -> List[bool]:
+        """One flag per layer, input side first: True attends both ways, False stays causal."""
+        if not isinstance(num_layers, int) or num_layers < 1:
+            raise ValueError(f"num_layers must be a positive integer, got {num_layers!r}")
+
+        def fail(why: str) -> ValueError:
+            return ValueError(
+                f"Invalid unmask spec {self.text!r} for a model with {num_layers} layers: {why}. Accepted: {SPEC_HELP}."
+            )
+
+        if self.kind in ("none", "all"):
+            return [self.kind == "all"] * num_layers
+        if self.kind == "middle":
+            # The band of Kukic et al. 2026 (28 -> 9-18, 32 -> 10-21, 36 -> 11-24),
+            # symmetric about the centre; never empty on small models.
+            start = min(num_layers // 4 + 2, (num_layers - 1) // 2)
+            end = num_layers - 1 - start
+            return [start <= i <= end for i in range(num_layers)]
+        if self.kind == "groups":
+            if len(self.pattern) > num_layers:
+                raise fail(f"{len(self.pattern)} groups cannot split {num_layers} layers")
+            flags: List[bool] = []
+            for group, bit in enumerate(self.pattern):
+                size = num_layers // len(self.pattern) + (1 if group < num_layers % len(self.pattern) else 0)
+                flags.extend([bit == "1"] * size)
+            return flags
+        last = max(end for _, end in self.ranges)
+        if last >= num_layers:
+            raise fail(f"layer {last} is outside the model (layers 0-{num_layers - 1})")
+        return [any(first <= i <= end for first, end in self.ranges) for i in range(num_layers)]
 
 
-def _parse(spec: str, num_layers: Optional[int]) -> List[bool]:
-    """The flags for `num_layers` layers; with None, only the grammar is checked."""
+def parse_unmask(spec: str) -> UnmaskSpec:
+    """Read an unmask spec; a grammar error names the spec and what is accepted."""
     if not isinstance(spec, str):
         raise ValueError(f"unmask spec must be a string ({SPEC_HELP}), got {spec!r}")
     text = spec.strip().lower()
-    model = f" for a model with {num_layers} layers" if num_layers is not None else ""
 
     def fail(why: str) -> ValueError:
-        return ValueError(f"Invalid unmask spec {spec!r}{model}: {why}. Accepted: {SPEC_HELP}.")
+        return ValueError(f"Invalid unmask spec {spec!r}: {why}. Accepted: {SPEC_HELP}.")
 
-    grammar_only = num_layers is None
-    num_layers = num_layers or 10**6
-
-    if text == "none":
-        return [False] * num_layers
-    if text == "all":
-        return [True] * num_layers
-    if text == "middle":
-        # The band of Kukic et al. 2026 (28 -> 9-18, 32 -> 10-21, 36 -> 11-24),
-        # symmetric about the centre; never empty on small models.
-        start = min(num_layers // 4 + 2, (num_layers - 1) // 2)
-        end = num_layers - 1 - start
-        return [start <= i <= end for i in range(num_layers)]
+    if text in ("none", "all", "middle"):
+        return UnmaskSpec(spec, text)
     if text.startswith("groups:"):
         pattern = text[len("groups:"):]
         if not pattern or set(pattern) - {"0", "1"}:
             raise fail("a groups pattern is made of 0s and 1s only")
-        if grammar_only:
-            return []
-        if len(pattern) > num_layers:
-            raise fail(f"{len(pattern)} groups cannot split {num_layers} layers")
-        flags: List[bool] = []
-        for group, bit in enumerate(pattern):
-            size = num_layers // len(pattern) + (1 if group < num_layers % len(pattern) else 0)
-            flags.extend([bit == "1"] * size)
-        return flags
-    flags = [False] * (0 if grammar_only else num_layers)
+        return UnmaskSpec(spec, "groups", pattern=pattern)
+    ranges = []
     for part in text.split(","):
         match = _RANGE.match(part.strip())
         if match is None:
@@ -74,11 +85,16 @@ def _parse(spec: str, num_layers: Optional[int]) -> List[bool]:
         last = int(match.group(2)) if match.group(2) is not None else first
         if first > last:
             raise fail(f"range {part.strip()!r} runs backwards")
-        if last >= num_layers and not grammar_only:
-            raise fail(f"layer {last} is outside the model (layers 0-{num_layers - 1})")
-        for i in range(first, min(last + 1, len(flags))):
-            flags[i] = True
-    return flags
+        ranges.append((first, last))
+    return UnmaskSpec(spec, "layers", ranges=tuple(ranges))
+
+
+def unmasked_layers(spec: str, num_layers: int) -> List[bool]:
+    """Parse an unmask spec into one flag per layer, input side first.
+
+    True means that layer attends in both directions; False keeps it causal.
+    """
+    return parse_unmask(spec).layers(num_layers)
 
 
 def layer_windows(config) -> List[Optional[int]]:
@@ -118,6 +134,7 @@ def build_layer_masks(
     unmasked: Sequence[bool],
     windows: Sequence[Optional[int]],
     *,
+    scopes=None,
     additive_dtype=None,
 ) -> list:
     """One 4D attention mask (batch, 1, query, key) per layer.
@@ -125,11 +142,15 @@ def build_layer_masks(
     `segments` is (batch, length): pieces with the same positive id form one
     sequence (several short docs can share a row), 0 marks padding; a 0/1
     padding mask is the case of one sequence per row. A piece attends only to
-    pieces of its own sequence; a causal layer also hides keys to the right; a
-    sliding layer hides keys at distance >= window (on both sides when
-    unmasked). Each query may always see itself, so no row is empty (an empty
-    row gives NaN in SDPA). Masks are boolean (True = attend) unless
-    `additive_dtype` is given, for eager attention, which adds 0 / dtype-min.
+    pieces of its own sequence and, in every layer, to every piece on its left.
+    In an unmasked layer it also sees the pieces on its right that share its
+    scope: `scopes` (batch, length) gives each piece a scope id (its sentence,
+    with `unmask_scope = "sentence"`); None means one scope per sequence, i.e.
+    the whole sequence both ways. A sliding layer hides keys at distance >=
+    window (on both sides when unmasked). Each query may always see itself, so no
+    row is empty (an empty row gives NaN in SDPA). Masks are boolean (True =
+    attend) unless `additive_dtype` is given, for eager attention, which adds
+    0 / dtype-min.
     """
     import torch
 
@@ -138,18 +159,21 @@ def build_layer_masks(
     pos = torch.arange(length, device=device)
     offset = pos[:, None] - pos[None, :]  # query - key; sequences are contiguous
     same = (segments[:, None, :, None] == segments[:, None, None, :]) & (segments[:, None, None, :] > 0)
+    left = offset >= 0
+    if scopes is None:
+        seen_both_ways = same
+    else:
+        seen_both_ways = same & ((scopes[:, None, :, None] == scopes[:, None, None, :]) | left)
     diagonal = torch.eye(length, dtype=torch.bool, device=device)
     cache: Dict[Tuple[bool, Optional[int]], object] = {}
     masks = []
     for both_ways, window in zip(unmasked, windows):
         key = (bool(both_ways), window)
         if key not in cache:
-            allowed = torch.ones(length, length, dtype=torch.bool, device=device)
-            if not both_ways:
-                allowed &= offset >= 0
+            mask = seen_both_ways if both_ways else same & left
             if window is not None:
-                allowed &= offset.abs() < window
-            mask = (allowed[None, None] & same) | diagonal
+                mask = mask & (offset.abs() < window)
+            mask = mask | diagonal
             if additive_dtype is not None:
                 zeros = torch.zeros((), dtype=additive_dtype, device=device)
                 mask = torch.where(mask, zeros, torch.finfo(additive_dtype).min)

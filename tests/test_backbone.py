@@ -4,6 +4,7 @@ import pytest
 import spacy
 import torch
 
+from spacy_unmask import get_backbone
 from spacy_unmask.layers.decoder_tok2vec import DecoderTok2Vec
 from tiny_models import FAMILIES
 
@@ -64,17 +65,17 @@ def test_padding_does_not_change_vectors(tiny_dirs, family, attn, unmask):
 @pytest.mark.parametrize("family", ["llama", "gemma3_text", "mistral"])
 def test_layers_below_the_first_unmasked_layer_stay_causal(tiny_dirs, family):
     model = tok2vec(tiny_dirs(family, "metaspace"), "2-3")
-    decoder = model.shims[0]._model.decoder
+    backbone = get_backbone(model)
     outputs = {}
     hooks = [
         layer.register_forward_hook(lambda mod, args, out, i=i: outputs.__setitem__(i, (out[0] if isinstance(out, tuple) else out).clone()))
-        for i, layer in enumerate(decoder.model.layers)
+        for i, layer in enumerate(backbone.model.layers)
     ]
     runs = []
     for last_id in (40, 41):
         ids = torch.tensor([[5, 17, 23, 31, 9, last_id]])
         with torch.no_grad():
-            decoder(ids, torch.ones_like(ids))
+            backbone.hidden_states(ids, torch.ones_like(ids))
         runs.append(dict(outputs))
     for hook in hooks:
         hook.remove()
@@ -114,13 +115,13 @@ def test_bfloat16_is_close_to_float32(tiny_dirs):
 
 def test_lora_trains_only_adapter_weights(tiny_dirs):
     model = tok2vec(tiny_dirs("llama"), "all")
-    base = model.shims[0]._model.decoder.model
+    base = get_backbone(model).model
     trainable = [n for n, p in base.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n for n in trainable)
     assert {n.split(".lora_")[0].rsplit(".", 1)[-1] for n in trainable} == {"q_proj", "k_proj", "v_proj", "o_proj"}
-    frozen = tok2vec(tiny_dirs("llama"), "all", finetune="frozen").shims[0]._model.decoder.model
+    frozen = get_backbone(tok2vec(tiny_dirs("llama"), "all", finetune="frozen")).model
     assert not any(p.requires_grad for p in frozen.parameters())
-    full = tok2vec(tiny_dirs("llama"), "all", finetune="full").shims[0]._model.decoder.model
+    full = get_backbone(tok2vec(tiny_dirs("llama"), "all", finetune="full")).model
     assert all(p.requires_grad for p in full.parameters())
 
 
@@ -136,8 +137,7 @@ def test_unsupported_architecture_is_named(tmp_path):
 @pytest.mark.parametrize("family,attn", FAMILY_PARAMS)
 def test_causal_spec_reproduces_the_stock_model_with_padding(family, attn):
     """`none` must be the stock model exactly: causal mask, sliding windows and padding."""
-    from tiny_models import tiny_decoder
-    from spacy_unmask.backbone import UnmaskedDecoder
+    from tiny_models import tiny_backbone, tiny_decoder
 
     base = tiny_decoder(family, attn_implementation=attn)
     ids = torch.randint(3, 300, (2, 12))
@@ -145,18 +145,17 @@ def test_causal_spec_reproduces_the_stock_model_with_padding(family, attn):
     mask[1, 7:] = 0
     with torch.no_grad():
         stock = base(input_ids=ids, attention_mask=mask).last_hidden_state
-        ours = UnmaskedDecoder(base, "none")(ids, mask)
+        ours = tiny_backbone(base, "none").hidden_states(ids, mask)
     torch.testing.assert_close(ours[0], stock[0], atol=1e-6, rtol=0)
     torch.testing.assert_close(ours[1, :7], stock[1, :7], atol=1e-6, rtol=0)
 
 
 @pytest.mark.parametrize("family", ["mistral", "gemma2"])
 def test_unmasked_sliding_layers_see_the_window_on_both_sides_only(family):
-    from tiny_models import tiny_decoder
-    from spacy_unmask.backbone import UnmaskedDecoder
+    from tiny_models import tiny_backbone, tiny_decoder
 
     base = tiny_decoder(family, attn_implementation="eager", num_layers=1)
-    decoder = UnmaskedDecoder(base, "all")
+    decoder = tiny_backbone(base, "all").hidden_states
     ids = torch.randint(3, 300, (1, 10))
     changed = ids.clone()
     changed[0, 6] += 1
@@ -171,10 +170,9 @@ def test_unmasked_sliding_layers_see_the_window_on_both_sides_only(family):
 @pytest.mark.parametrize("unmask", ["none", "all", "2-3"])
 def test_docs_packed_in_one_row_match_each_doc_alone(family, attn, unmask):
     """Packing is invisible: positions restart and no piece sees another doc."""
-    from tiny_models import tiny_decoder
-    from spacy_unmask.backbone import UnmaskedDecoder
+    from tiny_models import tiny_backbone, tiny_decoder
 
-    decoder = UnmaskedDecoder(tiny_decoder(family, attn_implementation=attn), unmask)
+    decoder = tiny_backbone(tiny_decoder(family, attn_implementation=attn), unmask).hidden_states
     first, second = torch.randint(3, 300, (1, 7)), torch.randint(3, 300, (1, 5))
     row = torch.cat([first, second, torch.zeros(1, 2, dtype=torch.long)], dim=1)
     segments = torch.tensor([[1] * 7 + [2] * 5 + [0] * 2])
@@ -188,8 +186,8 @@ def test_docs_packed_in_one_row_match_each_doc_alone(family, attn, unmask):
 def test_short_docs_share_rows_and_keep_their_own_vectors(tiny_dirs):
     model = tok2vec(tiny_dirs("llama", "metaspace"), "all")
     docs = [nlp(t) for t in (SENTENCE, "EU rejects German call", "Peter", CHANGED, "Brussels")]
-    batch = model.shims[0]._model.plan(docs)
-    assert sum(ids.shape[0] for ids, _ in batch.sub_batches) < len(docs)  # short docs share rows
+    batch = get_backbone(model).plan(docs)
+    assert sum(ids.shape[0] for ids, *_ in batch.sub_batches) < len(docs)  # short docs share rows
     together = model.predict(docs)
     for doc, vecs in zip(docs, together):
         np.testing.assert_allclose(vecs, model.predict([doc])[0], atol=1e-5)

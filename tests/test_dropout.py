@@ -52,10 +52,11 @@ def test_lora_dropout_modules_are_swapped_and_nothing_else():
 def test_lora_layers_of_a_decoder_get_cheap_dropout():
     from peft.tuners.lora import LoraLayer
 
-    from spacy_unmask.backbone import apply_finetuning
+    from spacy_unmask.lora import apply_finetuning
+    from spacy_unmask.settings import BackboneSettings
     from tiny_models import tiny_decoder
 
-    model = apply_finetuning(tiny_decoder("llama"), "lora", lora_dropout=0.2)
+    model = apply_finetuning(tiny_decoder("llama"), BackboneSettings(name="tiny", lora_dropout=0.2))
     lora = [m for m in model.modules() if isinstance(m, LoraLayer)]
     assert lora and all(
         isinstance(m.lora_dropout["default"], CheapDropout) and m.lora_dropout["default"].p == 0.2 for m in lora

@@ -13,7 +13,7 @@ import pytest
 import torch
 import transformers
 
-from spacy_unmask.backbone import load_decoder
+from spacy_unmask.loading import load_decoder
 from test_download import registry_model
 from test_gguf_tokenizer import PARAGRAPH
 

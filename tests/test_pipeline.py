@@ -15,6 +15,7 @@ from spacy.tokens import DocBin
 from spacy.training import Example
 from thinc.api import Adam, fix_random_seed
 
+from spacy_unmask import get_backbone
 from spacy_unmask.pipeline.viterbi import tag_names, transition_rules, viterbi
 
 ROOT = Path(__file__).parent.parent
@@ -102,7 +103,7 @@ def test_lora_and_head_weights_move(tiny_dirs):
     examples = make_examples(nlp)
     nlp.initialize(lambda: examples)
     optimizer = Adam(0.01)
-    decoder = nlp.get_pipe("ner").model.get_ref("tok2vec").shims[0]._model.decoder.model
+    decoder = get_backbone(nlp).model
     before = {n: p.detach().clone() for n, p in decoder.named_parameters()}
     nlp.update(examples, sgd=optimizer)
     nlp.update(examples, sgd=optimizer)
@@ -268,7 +269,7 @@ def test_merged_lora_gives_the_same_entities(tmp_path, trained):
     nlp, _ = trained
     nlp.to_disk(tmp_path / "pipeline")
     loaded = spacy.load(tmp_path / "pipeline")
-    module = loaded.get_pipe("ner").model.get_ref("tok2vec").shims[0]._model
+    module = get_backbone(loaded)
     assert module.merge_for_inference
     merged = entities(loaded, TEXTS)
     assert module.merged

@@ -31,6 +31,7 @@ from spacy.util import fix_random_seed
 from thinc.api import Adam, Config
 
 from spacy_unmask.layers.windows import assign_windows, window_starts
+from spacy_unmask import get_backbone
 from tiny_models import save_tiny_model, tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -119,7 +120,7 @@ def tok2vec(nlp):
 
 
 def module(nlp):
-    return tok2vec(nlp).shims[0]._model
+    return get_backbone(nlp)
 
 
 def vectors(nlp, docs):
@@ -312,7 +313,7 @@ def test_20000_token_doc_fully_processed(tiny, style):
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
         num_pieces = head_pieces + len(tokenizer(tail, add_special_tokens=False)["input_ids"])
-        windows = sum(int(segments.max(axis=1).sum()) for _, segments in batch.sub_batches)
+        windows = sum(int(segments.max(axis=1).sum()) for _, segments, _ in batch.sub_batches)
         assert windows == len(window_starts(num_pieces, WINDOW, STRIDE))
         # Planning is linear in the pieces (some 200 bytes each); a (pieces x windows) table
         # of int64 took 8 * 12,000 bytes per piece here, some 10 GiB.
@@ -379,7 +380,7 @@ def test_doc_shorter_than_window_matches_unwindowed(tiny, style):
     ids = ([mod.bos_id] if mod.bos_id is not None else []) + enc["input_ids"]
     mod.eval()  # no LoRA dropout
     with torch.no_grad():
-        hidden = mod.decoder(torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long))[0]
+        hidden = mod.hidden_states(torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long))[0]
     hidden = hidden[len(ids) - num_pieces :].float().numpy()
     expected = np.stack([hidden[first_piece(mod.tokenizer, text, t)] for t in doc])
     saved = mod.settings

@@ -15,7 +15,7 @@ import torch
 from safetensors import safe_open
 
 from spacy_unmask import download
-from spacy_unmask.backbone import load_decoder
+from spacy_unmask.loading import load_decoder
 
 pytestmark = pytest.mark.slow  # real models; still part of the default run
 

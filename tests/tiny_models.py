@@ -102,3 +102,12 @@ def save_tiny_model(path, family: str = "llama", style: str = "bytelevel", seed:
     lm.save_pretrained(str(path))
     tiny_tokenizer(style).save_pretrained(str(path))
     return str(path)
+
+
+def tiny_backbone(decoder, unmask: str = "all", **settings):
+    """A `Backbone` around an in-memory decoder (no files), frozen, float32."""
+    from spacy_unmask.backbone import Backbone
+    from spacy_unmask.settings import BackboneSettings
+
+    settings = BackboneSettings(name="tiny", unmask=unmask, finetune="frozen", dtype="float32", **settings)
+    return Backbone(decoder, tiny_tokenizer(), settings, None)

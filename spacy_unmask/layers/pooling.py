@@ -6,15 +6,6 @@ import torch
 
 from .windows import PieceBatch
 
-POOLING = ("first", "last", "mean")
-
-
-def check_pooling(pooling: str) -> str:
-    if pooling not in POOLING:
-        raise ValueError(f"pooling {pooling!r} is not supported; accepted: {', '.join(POOLING)}")
-    return pooling
-
-
 def pool_pieces(table: torch.Tensor, batch: PieceBatch, pooling: str) -> List[torch.Tensor]:
     """Split the piece table (rows, width) into per-doc (tokens, width) tensors.
 

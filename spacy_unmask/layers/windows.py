@@ -18,9 +18,11 @@ from spacy.tokens import Doc
 class PieceBatch:
     """The decoder inputs for a list of docs, and where each token's pieces land.
 
-    `sub_batches` holds (ids, segments) int64 arrays of shape (rows, length):
-    each row packs one or more windows, told apart by `segments` (see
-    `masks.build_layer_masks`; 0 is padding). Rows of all sub-batches,
+    `sub_batches` holds (ids, segments, scopes) int64 arrays of shape (rows,
+    length): each row packs one or more windows, told apart by `segments` (see
+    `masks.build_layer_masks`; 0 is padding); `scopes` gives each piece the id
+    of the span it sees both ways in unmasked layers (its sentence, or its whole
+    window), unique within the row. Rows of all sub-batches,
     flattened and concatenated, form one table
     of piece positions; `token_first[d]` / `token_last[d]` give, for each token
     of doc d, the table rows of its first and last piece (-1: no piece).
@@ -89,15 +91,24 @@ def assign_windows(num_pieces: int, starts: np.ndarray, window: int) -> np.ndarr
     return np.where(margin(before) >= margin(after), before, after).astype(np.int64)
 
 
-def pack_windows(batch: PieceBatch, windows: List[np.ndarray], bos_id, pad_id: int, max_batch_pieces: int) -> np.ndarray:
+def pack_windows(
+    batch: PieceBatch,
+    windows: List[np.ndarray],
+    bos_id,
+    pad_id: int,
+    max_batch_pieces: int,
+    window_scopes: Optional[List[np.ndarray]] = None,
+) -> np.ndarray:
     """Pack windows into rows as long as the longest window; fill `batch.sub_batches`.
 
     Longest first, each window goes into the first row with room (first-fit
     decreasing), so a row holds several short docs and almost nothing is
     padding. Each window is its own sequence in the row (its own segment id,
-    positions from 0, BOS first where the model uses one). A sub-batch holds at
-    most `max_batch_pieces` pieces (at least one row). Returns, for each window,
-    the table row of its first content piece.
+    positions from 0, BOS first where the model uses one). `window_scopes`
+    gives each piece of a window a scope number (0, 1, ... by sentence; None:
+    one scope per window); BOS shares the scope of the first piece. A
+    sub-batch holds at most `max_batch_pieces` pieces (at least one row).
+    Returns, for each window, the table row of its first content piece.
     """
     extra = 0 if bos_id is None else 1
     lengths = np.array([len(w) + extra for w in windows], dtype=np.int64)
@@ -124,17 +135,37 @@ def pack_windows(batch: PieceBatch, windows: List[np.ndarray], bos_id, pad_id: i
         length = int(used[first : rows.stop].max())
         ids = np.full((len(rows), length), pad_id, dtype=np.int64)
         segments = np.zeros((len(rows), length), dtype=np.int64)
+        scopes = np.zeros((len(rows), length), dtype=np.int64)
         for r, row in enumerate(rows):
+            next_scope = 1
             for segment, w in enumerate(members[row], start=1):
                 col = col_of[w]
                 if extra:
                     ids[r, col] = bos_id
                 ids[r, col + extra : col + lengths[w]] = windows[w]
                 segments[r, col : col + lengths[w]] = segment
+                local = window_scopes[w] if window_scopes is not None else np.zeros(len(windows[w]), dtype=np.int64)
+                if len(local):
+                    scopes[r, col + extra : col + lengths[w]] = next_scope + local
+                    scopes[r, col] = next_scope + local[0]
+                    next_scope += int(local.max()) + 1
                 window_row[w] = offset + r * length + col + extra
-        batch.sub_batches.append((ids, segments))
+        batch.sub_batches.append((ids, segments, scopes))
         offset += len(rows) * length
     return window_row
+
+
+def piece_sentences(doc: Doc, offsets: np.ndarray) -> np.ndarray:
+    """The sentence number of each piece (0 for all where the Doc has no sentence boundaries).
+
+    A piece belongs to the sentence in which its first character lies; pieces
+    of the whitespace before a sentence belong to it.
+    """
+    if len(offsets) == 0 or not doc.has_annotation("SENT_START"):
+        return np.zeros(len(offsets), dtype=np.int64)
+    starts = np.fromiter((t.idx for t in doc if t.is_sent_start), dtype=np.int64)
+    ends = offsets[:, 1] - 1  # the piece's last character: whitespace before a word joins the word's sentence
+    return np.maximum(np.searchsorted(starts, ends, side="right") - 1, 0).astype(np.int64)
 
 
 def plan_batch(
@@ -146,26 +177,35 @@ def plan_batch(
     bos_id: Optional[int],
     max_batch_pieces: int,
     pad_id: int = 0,
+    sentence_scopes: bool = False,
 ) -> PieceBatch:
-    """Tokenize, align, window and pack `docs` for one pass of the decoder."""
+    """Tokenize, align, window and pack `docs` for one pass of the decoder.
+
+    With `sentence_scopes`, each piece's scope is its sentence (where the Doc has
+    sentence boundaries), so unmasked layers look right only within a sentence.
+    """
     texts = [doc.text for doc in docs]
     encoded = tokenizer(
         texts, add_special_tokens=False, return_offsets_mapping=True, return_attention_mask=False
     )
     windows = []  # the pieces of each window
+    window_scopes = []  # the sentence number of each piece of each window, from 0
     doc_piece_window: List[tuple] = []
     for d, doc in enumerate(docs):
         ids = np.asarray(encoded["input_ids"][d], dtype=np.int64)
         offsets = np.asarray(encoded["offset_mapping"][d], dtype=np.int64).reshape(-1, 2)
         starts = window_starts(len(ids), window, stride) if len(ids) else np.zeros(0, dtype=np.int64)
         owner = assign_windows(len(ids), starts, window) if len(ids) else np.zeros(0, dtype=np.int64)
+        sentence = piece_sentences(doc, offsets) if sentence_scopes else np.zeros(len(ids), dtype=np.int64)
         first_window = len(windows)
         for start in starts:
             windows.append(ids[start : start + window])
+            local = sentence[start : start + window]
+            window_scopes.append(local - local[0] if len(local) else local)
         doc_piece_window.append((first_window, starts, owner, offsets))
 
     batch = PieceBatch()
-    window_row = pack_windows(batch, windows, bos_id, pad_id, max_batch_pieces)
+    window_row = pack_windows(batch, windows, bos_id, pad_id, max_batch_pieces, window_scopes)
     pairs_token, pairs_row = [], []
     token_offset = 0
     for doc, (first_window, starts, owner, offsets) in zip(docs, doc_piece_window):

@@ -1,0 +1,157 @@
+"""Find and load a decoder's config, weights and fast tokenizer.
+
+A model is a Hugging Face id, a local `save_pretrained` directory, a `.gguf`
+file, or the name of a registry-carried model (`download.py`). Only the
+supported architectures load; code from a model repository never runs unless
+asked for.
+"""
+from pathlib import Path
+from typing import Optional, Tuple
+
+import torch
+import transformers
+from packaging.version import Version
+from torch import nn
+
+SUPPORTED_MODEL_TYPES = (
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "gemma",
+    "gemma2",
+    "gemma3_text",
+    "phi3",
+)
+_TRANSFORMERS_5 = Version(transformers.__version__) >= Version("5.0.0")
+
+
+def resolve_source(name: str) -> Tuple[str, Optional[str]]:
+    """Where to load `name` from: (directory or hub id, gguf file name or None)."""
+    from .download import REGISTRY_MODELS, model_dir
+
+    if name in REGISTRY_MODELS:
+        return str(model_dir(name)), None
+    path = Path(name).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ValueError(f"model {name!r}: no such GGUF file")
+        return str(path.parent), path.name
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise ValueError(
+                f"model {name!r}: the directory has no config.json; expected a "
+                "save_pretrained directory, a .gguf file, a Hugging Face id or one of "
+                f"{sorted(REGISTRY_MODELS)}"
+            )
+        return str(path), None
+    if name.startswith((".", "/", "~")) or name.count("/") > 1:
+        raise ValueError(
+            f"model {name!r}: no such file or directory (a model is a Hugging Face id, a "
+            f"save_pretrained directory, a .gguf file, or one of {sorted(REGISTRY_MODELS)})"
+        )
+    return name, None
+
+
+def load_config(name: str, *, trust_remote_code: bool = False, num_layers: int = 0):
+    """The model's config, checked to be a supported architecture, cut to `num_layers` (0: all)."""
+    source, gguf_file = resolve_source(name)
+    try:
+        config = transformers.AutoConfig.from_pretrained(
+            source, gguf_file=gguf_file, trust_remote_code=trust_remote_code
+        )
+    except Exception as err:  # transformers raises many kinds (struct.error on a cut GGUF)
+        from .download import REGISTRY_MODELS
+
+        raise ValueError(
+            f"model {name!r} could not be loaded ({type(err).__name__}: {err}). Give a Hugging Face "
+            "id that is in the local cache (or reachable), a save_pretrained directory, a .gguf "
+            f"file, or a registry model: {', '.join(sorted(REGISTRY_MODELS))}. Supported "
+            f"architectures: {', '.join(SUPPORTED_MODEL_TYPES)}."
+        ) from err
+    check_supported(config, name)
+    if num_layers:
+        truncate_config(config, num_layers, name)
+    return config
+
+
+def truncate_config(config, num_layers: int, name: str) -> None:
+    """Keep the first `num_layers` decoder layers: later ones are neither loaded nor run."""
+    total = config.num_hidden_layers
+    if num_layers > total:
+        raise ValueError(f"num_layers {num_layers}: model {name!r} has only {total} decoder layers")
+    config.num_hidden_layers = num_layers
+    if getattr(config, "layer_types", None) is not None:
+        config.layer_types = list(config.layer_types)[:num_layers]
+    if getattr(config, "max_window_layers", None) is not None:  # Qwen2: layers below it are full attention
+        config.max_window_layers = min(config.max_window_layers, num_layers)
+
+
+def check_supported(config, name: str) -> None:
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(
+            f"model {name!r} has architecture {config.model_type!r}, which spacy-unmask "
+            f"does not support. Supported: {', '.join(SUPPORTED_MODEL_TYPES)}."
+        )
+
+
+def choose_attention(config, attn_implementation: str) -> str:
+    """The attention implementation for a setting: "auto" is SDPA, or eager where SDPA lacks soft-capping."""
+    if attn_implementation == "auto":
+        softcap = getattr(config, "attn_logit_softcapping", None)
+        return "eager" if softcap else "sdpa"
+    return attn_implementation
+
+
+def load_decoder(
+    name: str,
+    config=None,
+    *,
+    attn_implementation: str = "auto",
+    dtype: torch.dtype = torch.float32,
+    trust_remote_code: bool = False,
+):
+    """The base decoder (without LM head) of `name` and its fast tokenizer; `config`
+    (from `load_config`, default: the model's own) may cut the layers."""
+    if config is None:
+        config = load_config(name, trust_remote_code=trust_remote_code)
+    source, gguf_file = resolve_source(name)
+    dtype_kwarg = "dtype" if _TRANSFORMERS_5 else "torch_dtype"
+    # Load through the causal-LM class: AutoModel on a checkpoint saved from
+    # *ForCausalLM can silently re-initialise the weights (transformers 4.53, Gemma 3).
+    lm = transformers.AutoModelForCausalLM.from_pretrained(
+        source,
+        config=config,
+        gguf_file=gguf_file,
+        attn_implementation=choose_attention(config, attn_implementation),
+        trust_remote_code=trust_remote_code,
+        **{dtype_kwarg: dtype},
+    )
+    model = lm.get_decoder()
+    del lm
+    return model, load_tokenizer(source, gguf_file=gguf_file, trust_remote_code=trust_remote_code)
+
+
+def decoder_from_config(config, *, attn_implementation: str, dtype: torch.dtype):
+    """A decoder with the architecture of `config` (weights to be loaded into it)."""
+    impl = choose_attention(config, attn_implementation)
+    return transformers.AutoModel.from_config(config, attn_implementation=impl).to(dtype)
+
+
+def load_tokenizer(source: str, *, gguf_file: Optional[str] = None, trust_remote_code: bool = False):
+    tokenizer = transformers.AutoTokenizer.from_pretrained(
+        source, gguf_file=gguf_file, trust_remote_code=trust_remote_code
+    )
+    if not tokenizer.is_fast:
+        raise ValueError(
+            f"model {source!r}: spacy-unmask needs a fast tokenizer (with character "
+            "offsets) and this model only has a slow one"
+        )
+    return tokenizer
+
+
+def decoder_layers(model) -> nn.ModuleList:
+    layers = getattr(model, "layers", None)
+    if layers is None:
+        raise ValueError(f"{type(model).__name__} has no .layers; cannot install masks")
+    return layers

@@ -1,0 +1,142 @@
+"""The backbone's settings: one typed object, validated in one place.
+
+`BackboneSettings` is what `[components.ner.model.tok2vec]` in a config holds.
+The registered architecture `spacy_unmask.DecoderTok2Vec.v1` takes exactly its
+fields (its signature is made from them, so no default is written twice), and
+the thinc layer, the torch module and the saved pipeline all share the one
+instance. Everything that can be checked without loading the model is checked
+when the object is made; the `unmask` spec is parsed here and resolved against
+the model's layer count once, when the model loads.
+"""
+import inspect
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from typing import List
+
+from .masks import UnmaskSpec, parse_unmask
+
+POOLING = ("first", "last", "mean")
+UNMASK_SCOPES = ("window", "sentence")
+FINETUNE_MODES = ("lora", "frozen", "full")
+SAVE_MODES = ("full", "adapter")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+ATTENTION_IMPLEMENTATIONS = ("auto", "sdpa", "eager")
+
+
+@dataclass
+class BackboneSettings:
+    """Everything needed to build (and rebuild) the decoder backbone."""
+
+    name: str
+    """Hugging Face id, save_pretrained directory, .gguf file, or a registry model
+    ("smollm2-135m", "gemma3-270m")."""
+    unmask: str = "all"
+    """Which layers attend both ways: "none", "all", "middle", "16-29", "0-3,10", "groups:0011"."""
+    unmask_scope: str = "window"
+    """How far right an unmasked layer looks: "sentence" (to the end of the token's own
+    sentence, where the Doc has sentence boundaries; the left context is the whole
+    window, as in a causal layer) or "window" (the whole window both ways)."""
+    pooling: str = "first"
+    """How a token's pieces become one vector: "first", "last", "mean"."""
+    finetune: str = "lora"
+    """"lora", "frozen" (backbone fixed) or "full"."""
+    lora_r: int = 16
+    """LoRA rank."""
+    lora_alpha: int = 32
+    """LoRA scale (the update is scaled by lora_alpha / lora_r)."""
+    lora_dropout: float = 0.1
+    """Dropout on the LoRA branch's input while training ([training] dropout is the head's)."""
+    lora_targets: List[str] = field(default_factory=lambda: ["attention"])
+    """"attention" (the model's attention projections: q/k/v/o_proj, Phi-3's qkv/o), or
+    names of linear layers of the decoder blocks (gate_proj, up_proj, ...)."""
+    num_layers: int = 0
+    """Keep only the first N decoder layers (the rest are never loaded or run); 0: all."""
+    window: int = 256
+    """Long docs are cut into windows of this many pieces..."""
+    stride: int = 192
+    """...starting every `stride` pieces; each piece takes its vector from the window
+    where it is furthest from an edge."""
+    max_batch_pieces: int = 4096
+    """Pieces per forward pass, padding included (bounds memory)."""
+    dtype: str = "auto"
+    """"auto" (bfloat16 where the CPU or GPU supports it), "float32", "bfloat16",
+    "float16". Frozen weights are stored in it; LoRA weights stay float32."""
+    attn_implementation: str = "auto"
+    """"auto" (SDPA; eager for Gemma 2's soft-capping), "sdpa" or "eager"."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass (large models)."""
+    save_mode: str = "full"
+    """"full": base weights saved inside the pipeline; "adapter": LoRA weights only,
+    the base is reloaded from `name`."""
+    trust_remote_code: bool = False
+    """Allow code from the model repository (off by default)."""
+
+    def __post_init__(self) -> None:
+        self.lora_targets = list(self.lora_targets)
+        self.unmask_spec  # parses the spec: a grammar error names the spec
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"name {self.name!r}: give a Hugging Face id, a directory or a .gguf file")
+        _one_of("unmask_scope", self.unmask_scope, UNMASK_SCOPES)
+        _one_of("pooling", self.pooling, POOLING)
+        _one_of("finetune", self.finetune, FINETUNE_MODES)
+        _one_of("save_mode", self.save_mode, SAVE_MODES)
+        _one_of("dtype", self.dtype, DTYPES)
+        if self.attn_implementation not in ATTENTION_IMPLEMENTATIONS:
+            raise ValueError(
+                f"attn_implementation {self.attn_implementation!r} is not supported; accepted: "
+                f"{', '.join(ATTENTION_IMPLEMENTATIONS)} (FlashAttention ignores per-layer masks)"
+            )
+        if self.save_mode == "adapter" and self.finetune == "full":
+            raise ValueError("save_mode 'adapter' stores LoRA weights only; with finetune 'full' use save_mode 'full'")
+        _integer("lora_r", self.lora_r, 1, "a positive integer")
+        if not (isinstance(self.lora_alpha, (int, float)) and self.lora_alpha > 0):
+            raise ValueError(f"lora_alpha {self.lora_alpha!r}: must be a positive number")
+        if not (isinstance(self.lora_dropout, (int, float)) and 0.0 <= self.lora_dropout < 1.0):
+            raise ValueError(f"lora_dropout {self.lora_dropout!r}: must be in [0, 1)")
+        if not self.lora_targets or not all(isinstance(t, str) and t for t in self.lora_targets):
+            raise ValueError(f"lora_targets {self.lora_targets!r}: give 'attention' or names of linear layers")
+        _integer("num_layers", self.num_layers, 0, "0 (all layers) or a positive number of layers")
+        _integer("window", self.window, 2, "an integer of at least 2 pieces")
+        if not (_is_int(self.stride) and 1 <= self.stride <= self.window):
+            raise ValueError(
+                f"stride {self.stride!r}: must be between 1 and the window ({self.window}), "
+                "so that consecutive windows overlap or touch and no piece is skipped"
+            )
+        _integer("max_batch_pieces", self.max_batch_pieces, 1, "a positive integer")
+
+    @property
+    def unmask_spec(self) -> UnmaskSpec:
+        return parse_unmask(self.unmask)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _integer(setting: str, value, minimum: int, accepted: str) -> None:
+    if not (_is_int(value) and value >= minimum):
+        raise ValueError(f"{setting} {value!r}: must be {accepted}")
+
+
+def _one_of(setting: str, value, accepted) -> None:
+    if value not in accepted:
+        raise ValueError(f"{setting} {value!r} is not supported; accepted: {', '.join(accepted)}")
+
+
+def settings_signature(return_annotation) -> inspect.Signature:
+    """The signature of a function taking the settings as keyword arguments, defaults included.
+
+    spaCy's config system reads it to fill and check `[...tok2vec]` blocks.
+    """
+    parameters = []
+    for f in fields(BackboneSettings):
+        if f.default is not MISSING:
+            default = f.default
+        elif f.default_factory is not MISSING:
+            default = f.default_factory()
+        else:
+            default = inspect.Parameter.empty
+        parameters.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=f.type))
+    return inspect.Signature(parameters, return_annotation=return_annotation)
