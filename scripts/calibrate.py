@@ -203,7 +203,7 @@ def fit_temperature(ner, dev: Split, low: float = TEMPERATURE_RANGE[0], high: fl
     ratio = (math.sqrt(5) - 1) / 2
     c, d = b - ratio * (b - a), a + ratio * (b - a)
     fc, fd = loss(c), loss(d)
-    for _ in range(30):
+    for _ in range(20):
         if fc < fd:
             b, d, fd = d, c, fc
             c = b - ratio * (b - a)
@@ -357,6 +357,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         parts = [f"{split} ECE {m['ece']:.4f} ({m['entities']} entities)" if m["ece"] is not None
                  else f"{split}: no entities" for split, m in result[stage].items()]
         print(f"T = {temperature:.4g}: " + ", ".join(parts))
+    for row in result["thresholds_for_precision"]:
+        if row["threshold"] is None:
+            print(f"precision {row['target_precision']}: not reached on dev at any threshold")
+        else:
+            p, r = (f"{v:.3f}" if v is not None else "n/a" for v in (row["test_precision"], row["test_recall"]))
+            print(f"precision {row['target_precision']}: threshold {row['threshold']:.2f} on dev -> test P {p} R {r}")
     print(f"-> {args.output}.json, .reliability.png, .threshold.png")
     return 0
 
