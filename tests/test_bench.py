@@ -20,7 +20,25 @@ def test_bench_reports_raw_pipeline_training_and_memory(tmp_path, tiny_dirs, cap
                  "--batch-size", "4", "--train-steps", "1", "--train-batch", "4", "--profile", "5", "--output", str(out)]) == 0
     figures = json.loads(out.read_text())
     assert figures["words"] == sum(len(d) for d in docs) and figures["docs"] == 12
-    for key in ("raw_forward_words_per_s", "pipeline_words_per_s", "pipeline_over_raw_forward", "raw_sorted_words_per_s", "pipeline_over_raw_sorted", "train_words_per_s_none",
+    for key in ("matmul_gflops", "pipeline_gflops", "pipeline_share_of_matmul_peak", "raw_forward_words_per_s", "pipeline_words_per_s", "pipeline_over_raw_forward", "raw_sorted_words_per_s", "pipeline_over_raw_sorted", "train_words_per_s_none",
                 "train_words_per_s_all", "train_pieces_per_s_all", "peak_rss_mb_inference", "peak_rss_mb_training"):
         assert figures[key] > 0
     assert "aten::" in capsys.readouterr().out  # the --profile table
+
+
+def test_bench_times_a_saved_pipeline(tmp_path, tiny_dirs):
+    nlp = spacy.blank("en")
+    nlp.add_pipe("unmask_ner", name="ner", config={"model": {"tok2vec": {"name": tiny_dirs("llama"), "unmask": "2-3"}}})
+    doc = nlp.make_doc("Peter Blackburn visited Brussels .")
+    doc.ents = [doc.char_span(0, 15, label="PER")]
+    from spacy.training import Example
+
+    nlp.initialize(lambda: [Example(nlp.make_doc(doc.text), doc)])
+    nlp.to_disk(tmp_path / "pipeline")
+    DocBin(docs=[doc] * 4).to_disk(tmp_path / "data.spacy")
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--pipeline", str(tmp_path / "pipeline"), "--data", str(tmp_path / "data.spacy"),
+                 "--batch-size", "2", "--train-steps", "1", "--train-batch", "2", "--output", str(out)]) == 0
+    figures = json.loads(out.read_text())
+    assert figures["pipeline"] == str(tmp_path / "pipeline") and figures["unmask"] == "2-3"
+    assert figures["train_words_per_s_2-3"] > 0 and figures["train_words_per_s_none"] > 0
