@@ -1,8 +1,14 @@
 """Convert CoNLL-style IOB2 files to spaCy's binary `.spacy` (DocBin) format.
 
-One Doc per sentence. Sentences are separated by blank lines; a line holding
-only whitespace (WNUT-17's train file separates sentences with a lone tab)
-counts as blank. `-DOCSTART-` lines (CoNLL-2003) are dropped when asked for.
+One Doc per sentence by default. Sentences are separated by blank lines; a line
+holding only whitespace (WNUT-17's train file separates sentences with a lone
+tab) counts as blank. `-DOCSTART-` lines (CoNLL-2003) are dropped when asked for.
+
+`--group docs` makes one Doc per document instead (the sentences between two
+`-DOCSTART-` lines: a CoNLL-2003 article), and `--group N` one Doc per N
+consecutive sentences; either way the sentence boundaries are kept on the Doc
+(`token.is_sent_start`), so the evaluation can compare sentence-level and
+document-level input on the same text.
 The token and tag columns are chosen by index, the separator by name.
 
 Entities are built the way `spacy convert` does it
@@ -61,6 +67,12 @@ PRESETS: Dict[str, Preset] = {
         token_col=0, tag_col=1, sep="tab", docstart=False,
         note="shipped in the repository (CC-BY 4.0)",
     ),
+    "bc5cdr": Preset(
+        "assets/bc5cdr",
+        {"train": "train.tsv", "dev": "devel.tsv", "test": "test.tsv"},
+        token_col=0, tag_col=1, sep="tab", docstart=False,
+        note="shipped in the repository (CC-BY 4.0)",
+    ),
     "conll03": Preset(
         "assets/conll2003",
         {"train": "train.txt", "dev": "valid.txt", "test": "test.txt"},
@@ -75,6 +87,7 @@ class Sentence:
     words: List[str]
     tags: List[str]
     line: int  # 1-based line number of the first token
+    document: int = 0  # index of the -DOCSTART- document it belongs to
 
 
 def read_sentences(
@@ -87,19 +100,23 @@ def read_sentences(
     words: List[str] = []
     tags: List[str] = []
     start = 0
+    document = 0
+    seen_docstart = False
     with Path(path).open(encoding="utf8") as handle:
         for number, raw in enumerate(handle, start=1):
             line = raw.rstrip("\r\n")
             if not line.strip():
                 if words:
-                    yield Sentence(words, tags, start)
+                    yield Sentence(words, tags, start, document)
                 words, tags = [], []
                 continue
             cols = line.split(splitter) if splitter else line.split()
             if docstart and cols[0] == "-DOCSTART-":
                 if words:
-                    yield Sentence(words, tags, start)
+                    yield Sentence(words, tags, start, document)
                 words, tags = [], []
+                document += seen_docstart
+                seen_docstart = True
                 continue
             try:
                 word, tag = cols[token_col], cols[tag_col].strip()
@@ -117,7 +134,22 @@ def read_sentences(
             words.append(word)
             tags.append(tag)
     if words:
-        yield Sentence(words, tags, start)
+        yield Sentence(words, tags, start, document)
+
+
+def group_sentences(sentences: List[Sentence], group: str) -> List[List[Sentence]]:
+    """Sentences per Doc: "sentences" (one each), "docs" (per -DOCSTART- document) or N."""
+    if group == "sentences":
+        return [[sent] for sent in sentences]
+    if group == "docs":
+        groups: Dict[int, List[Sentence]] = {}
+        for sent in sentences:
+            groups.setdefault(sent.document, []).append(sent)
+        return list(groups.values())
+    if group.isdigit() and int(group) >= 1:
+        size = int(group)
+        return [sentences[i : i + size] for i in range(0, len(sentences), size)]
+    raise ValueError(f"group {group!r}: accepted are 'sentences', 'docs' or a positive number of sentences")
 
 
 def invalid_iob2(tags: List[str]) -> int:
@@ -131,16 +163,23 @@ def invalid_iob2(tags: List[str]) -> int:
     return bad
 
 
-def sentences_to_docs(sentences, vocab=None):
-    """Build one spaCy Doc per sentence, entities from the IOB tags."""
+def sentences_to_docs(groups: List[List[Sentence]], vocab=None):
+    """Build one spaCy Doc per group of sentences, entities from the IOB tags.
+
+    Each sentence's IOB tags are read on their own (an entity never crosses a
+    sentence boundary); the Doc keeps the sentence starts.
+    """
     from spacy.tokens import Doc
     from spacy.training import biluo_tags_to_spans, iob_to_biluo
     from spacy.vocab import Vocab
 
     vocab = vocab if vocab is not None else Vocab()
-    for sent in sentences:
-        doc = Doc(vocab, words=sent.words)
-        doc.ents = biluo_tags_to_spans(doc, iob_to_biluo(sent.tags))
+    for group in groups:
+        words = [w for sent in group for w in sent.words]
+        biluo = [t for sent in group for t in iob_to_biluo(sent.tags)]
+        starts = [i == 0 for sent in group for i in range(len(sent.words))]
+        doc = Doc(vocab, words=words, sent_starts=starts)
+        doc.ents = biluo_tags_to_spans(doc, biluo)
         yield doc
 
 
@@ -153,9 +192,13 @@ def convert_file(
     sep: str = "tab",
     docstart: bool = False,
     limit: int = 0,
+    group: str = "sentences",
     quiet: bool = False,
 ) -> Dict[str, object]:
-    """Convert one file; write the DocBin; return (and print) its statistics."""
+    """Convert one file; write the DocBin; return (and print) its statistics.
+
+    `limit` counts sentences; `group` says how sentences become Docs (see `group_sentences`).
+    """
     from spacy.tokens import DocBin
 
     sentences = []
@@ -164,10 +207,11 @@ def convert_file(
             break
         sentences.append(sent)
     bad = sum(invalid_iob2(s.tags) for s in sentences)
-    docbin = DocBin(attrs=["ORTH", "ENT_IOB", "ENT_TYPE"], store_user_data=False)
+    groups = group_sentences(sentences, group)
+    docbin = DocBin(attrs=["ORTH", "ENT_IOB", "ENT_TYPE", "SENT_START"], store_user_data=False)
     per_type: Counter = Counter()
     tokens = 0
-    for doc in sentences_to_docs(sentences):
+    for doc in sentences_to_docs(groups):
         docbin.add(doc)
         tokens += len(doc)
         per_type.update(ent.label_ for ent in doc.ents)
@@ -177,7 +221,8 @@ def convert_file(
     stats = {
         "input": str(input_path),
         "output": str(output_path),
-        "docs": len(sentences),
+        "docs": len(groups),
+        "sentences": len(sentences),
         "tokens": tokens,
         "entities": sum(per_type.values()),
         "per_type": dict(sorted(per_type.items())),
@@ -191,7 +236,8 @@ def convert_file(
 def print_stats(stats: Dict[str, object]) -> None:
     types = ", ".join(f"{label} {count}" for label, count in stats["per_type"].items()) or "none"
     print(
-        f"{stats['input']} -> {stats['output']}: {stats['docs']} docs, {stats['tokens']} tokens, "
+        f"{stats['input']} -> {stats['output']}: {stats['docs']} docs, {stats['sentences']} sentences, "
+        f"{stats['tokens']} tokens, "
         f"{stats['entities']} entities ({types})"
     )
     if stats["invalid_iob2"]:
@@ -208,6 +254,7 @@ def convert_preset(
     limit: int = 0,
     dev_limit: int = 0,
     root: Path = Path("."),
+    group: str = "sentences",
     quiet: bool = False,
 ) -> Dict[str, Dict[str, object]]:
     if name not in PRESETS:
@@ -227,10 +274,17 @@ def convert_preset(
             sep=preset.sep,
             docstart=preset.docstart,
             limit=limits[split],
+            group=group,
             quiet=quiet,
         )
         for split, filename in preset.splits.items()
     }
+
+
+GROUP_HELP = (
+    "one Doc per: 'sentences' (default), 'docs' (each -DOCSTART- document; sentence "
+    "boundaries kept) or N consecutive sentences"
+)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -245,6 +299,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     one.add_argument("--sep", choices=sorted(SEPARATORS), default="tab", help="column separator (default tab)")
     one.add_argument("--docstart", action="store_true", help="the file has -DOCSTART- lines: drop them")
     one.add_argument("--limit", type=int, default=0, help="keep the first N sentences (0 = all)")
+    one.add_argument("--group", default="sentences", help=GROUP_HELP)
 
     named = sub.add_parser("preset", help="convert a known corpus: " + ", ".join(sorted(PRESETS)))
     named.add_argument("name", choices=sorted(PRESETS))
@@ -252,16 +307,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     named.add_argument("--limit", type=int, default=0, help="keep the first N train sentences (0 = all)")
     named.add_argument("--dev-limit", type=int, default=0, help="keep the first N dev sentences (0 = all)")
     named.add_argument("--root", type=Path, default=Path("."), help="project root holding assets/")
+    named.add_argument("--group", default="sentences", help=GROUP_HELP)
 
     args = parser.parse_args(argv)
     try:
         if args.mode == "file":
             convert_file(
                 args.input, args.output, token_col=args.token_col, tag_col=args.tag_col,
-                sep=args.sep, docstart=args.docstart, limit=args.limit,
+                sep=args.sep, docstart=args.docstart, limit=args.limit, group=args.group,
             )
         else:
-            convert_preset(args.name, args.output_dir, limit=args.limit, dev_limit=args.dev_limit, root=args.root)
+            convert_preset(
+                args.name, args.output_dir, limit=args.limit, dev_limit=args.dev_limit, root=args.root,
+                group=args.group,
+            )
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

@@ -191,3 +191,72 @@ def test_short_docs_share_rows_and_keep_their_own_vectors(tiny_dirs):
     together = model.predict(docs)
     for doc, vecs in zip(docs, together):
         np.testing.assert_allclose(vecs, model.predict([doc])[0], atol=1e-5)
+
+
+def test_a_layer_without_its_mask_fails_loudly(tiny_dirs):
+    """If transformers stopped passing the mask keyword on, no layer may fall back to causal."""
+    backbone = get_backbone(tok2vec(tiny_dirs("llama"), "all"))
+    ids = torch.tensor([[5, 17, 23]])
+    with pytest.raises(RuntimeError, match="decoder layer 0 .*no per-layer attention mask"):
+        backbone.model(input_ids=ids, attention_mask=torch.ones_like(ids))
+
+
+def test_sentence_scope_looks_right_only_within_the_sentence(tiny_dirs):
+    name = tiny_dirs("llama", "metaspace")
+    scoped = tok2vec(name, "all", unmask_scope="sentence")
+    whole = tok2vec(name, "all", unmask_scope="window")
+
+    def doc(text, sent_starts):
+        d = nlp.make_doc(text)
+        for token, start in zip(d, sent_starts):
+            token.is_sent_start = start
+        return d
+
+    first = "Peter Blackburn visited Brussels ."
+    texts = [first + " EU rejects German lamb .", first + " Paris said no ."]
+    docs = [doc(t, [i in (0, 5) for i in range(len(nlp.make_doc(t)))]) for t in texts]
+    a, b = scoped.predict(docs)
+    np.testing.assert_allclose(a[:5], b[:5], atol=1e-5)  # the first sentence never sees the second
+    (alone,) = scoped.predict([nlp.make_doc(first)])
+    np.testing.assert_allclose(a[:5], alone, atol=1e-5)  # ...so it is as if it stood alone
+    assert np.abs(a[5] - vectors(scoped, "EU rejects German lamb .")[0][0]).max() > 1e-4  # the second sees the first
+    wa, wb = whole.predict(docs)
+    assert np.abs(wa[:5] - wb[:5]).max() > 1e-4  # with the window scope it does see the second
+    # Without sentence boundaries the sentence scope is the window scope.
+    plain = nlp.make_doc(texts[0])
+    np.testing.assert_allclose(scoped.predict([plain])[0], whole.predict([plain])[0], atol=1e-6)
+
+
+def test_num_layers_keeps_the_first_layers_only(tiny_dirs):
+    name = tiny_dirs("llama", "metaspace")
+    short = get_backbone(tok2vec(name, "all", num_layers=2))
+    assert short.num_layers == 2 and len(short.model.layers) == 2
+    full = get_backbone(tok2vec(name, "all", finetune="frozen"))
+    cut = get_backbone(tok2vec(name, "all", finetune="frozen", num_layers=2))
+    for key, value in cut.model.state_dict().items():  # the kept layers are the model's own
+        torch.testing.assert_close(value, full.model.state_dict()[key], atol=0, rtol=0)
+    with pytest.raises(ValueError, match="num_layers 9: model .* has only 4 decoder layers"):
+        tok2vec(name, "all", num_layers=9)
+
+
+def test_get_backbone_on_pipelines_components_and_layers(tiny_dirs, tmp_path):
+    from spacy.training import Example
+
+    fresh = spacy.blank("en")
+    fresh.add_pipe("unmask_ner", name="ner", config={"model": {"tok2vec": {"name": tiny_dirs("llama"), "dtype": "float32"}}})
+    with pytest.raises(ValueError, match="not loaded yet"):
+        get_backbone(fresh)
+    ref = fresh.make_doc("Peter visited Brussels")
+    ref.ents = [ref.char_span(0, 5, label="PER")]
+    fresh.initialize(lambda: [Example(fresh.make_doc(ref.text), ref)])
+    backbone = get_backbone(fresh)
+    assert get_backbone(fresh.get_pipe("ner")) is backbone
+    assert get_backbone(fresh.get_pipe("ner").model.get_ref("tok2vec")) is backbone
+    assert backbone.settings is fresh.get_pipe("ner").model.get_ref("tok2vec").attrs["settings"]
+    fresh.to_disk(tmp_path / "p")
+    loaded = spacy.load(tmp_path / "p", config={"components": {"ner": {"model": {"tok2vec": {"window": 64, "stride": 32}}}}})
+    settings = get_backbone(loaded).settings
+    assert (settings.window, settings.stride) == (64, 32)  # a load-time override reaches the one settings object
+    assert loaded.get_pipe("ner").model.get_ref("tok2vec").attrs["settings"] is settings
+    with pytest.raises(ValueError, match="no spacy_unmask backbone"):
+        get_backbone(spacy.blank("en"))

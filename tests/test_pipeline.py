@@ -293,3 +293,20 @@ def test_spacy_package_depends_on_spacy_unmask(tmp_path, trained):
     package = tmp_path / "out" / "en_unmask_test-0.0.1"
     assert any(r.startswith("spacy-unmask") for r in json.loads((package / "meta.json").read_text())["requirements"])
     assert list((package / "dist").glob("*.tar.gz"))
+
+
+def test_update_honours_drop(tiny_dirs):
+    """`[training] dropout` reaches the head (as in spaCy's own components); drop=0 is deterministic."""
+    def one_update(drop, seed):
+        fix_random_seed(0)
+        nlp = tiny_nlp(CONFIGS[0], tiny_dirs("llama"), lora_dropout=0.0)
+        examples = make_examples(nlp, n=8)
+        nlp.initialize(lambda: examples)
+        fix_random_seed(seed)
+        optimizer = Adam(0.01)
+        nlp.update(examples, drop=drop, sgd=optimizer)  # the softmax layer starts at zero: any input gives the same loss
+        return nlp.update(examples, drop=drop, sgd=optimizer)["ner"]
+
+    assert one_update(0.0, 1) == one_update(0.0, 2)  # no dropout: the seed cannot matter
+    assert one_update(0.5, 1) != one_update(0.5, 2)  # dropout on: different masks, different loss
+    assert one_update(0.5, 1) != one_update(0.0, 1)

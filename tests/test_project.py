@@ -389,3 +389,26 @@ def test_all_workflow_end_to_end_on_a_tiny_model(tmp_path, tiny_dirs):
     assert {"ents_f", "ents_p", "ents_r", "ents_per_type", "speed"} <= set(metrics)
     assert (project / "training" / "wnut17" / "all" / "model-best").is_dir()
     assert "F1" in result.stdout or "f1" in result.stdout.lower()
+
+
+def test_convert_groups_sentences_into_documents_keeping_sentence_starts(tmp_path):
+    from spacy.tokens import DocBin
+    from spacy.vocab import Vocab
+
+    source = tmp_path / "c.txt"
+    source.write_text(
+        "-DOCSTART- -X- -X- O\n\nEU NNP B-NP B-ORG\nrejects VBZ B-VP O\n\nPeter NNP B-NP B-PER\n"
+        "Blackburn NNP I-NP I-PER\n\n-DOCSTART- -X- -X- O\n\nBRUSSELS NNP B-NP B-LOC\n\n"
+    )
+    common = dict(token_col=0, tag_col=3, sep="whitespace", docstart=True, quiet=True)
+    stats = convert_corpus.convert_file(source, tmp_path / "docs.spacy", group="docs", **common)
+    assert (stats["docs"], stats["sentences"]) == (2, 3)
+    first, second = DocBin().from_disk(tmp_path / "docs.spacy").get_docs(Vocab())
+    assert [t.text for t in first] == ["EU", "rejects", "Peter", "Blackburn"]
+    assert [s.text for s in first.sents] == ["EU rejects", "Peter Blackburn"]
+    assert [(e.text, e.label_) for e in first.ents] == [("EU", "ORG"), ("Peter Blackburn", "PER")]
+    assert [t.text for t in second] == ["BRUSSELS"]
+    assert convert_corpus.convert_file(source, tmp_path / "two.spacy", group="2", **common)["docs"] == 2
+    assert convert_corpus.convert_file(source, tmp_path / "one.spacy", **common)["docs"] == 3
+    with pytest.raises(ValueError, match="group 'articles'"):
+        convert_corpus.convert_file(source, tmp_path / "bad.spacy", group="articles", **common)

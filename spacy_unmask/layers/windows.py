@@ -155,17 +155,28 @@ def pack_windows(
     return window_row
 
 
-def piece_sentences(doc: Doc, offsets: np.ndarray) -> np.ndarray:
-    """The sentence number of each piece (0 for all where the Doc has no sentence boundaries).
+def piece_sentences(doc: Doc, token_first: np.ndarray, token_last: np.ndarray, num_pieces: int) -> np.ndarray:
+    """The sentence number of each piece (all 0 where the Doc has no sentence boundaries).
 
-    A piece belongs to the sentence in which its first character lies; pieces
-    of the whitespace before a sentence belong to it.
+    A piece takes the sentence of the token it belongs to; a piece of no token
+    (whitespace) takes the sentence of the next token, as the whitespace before
+    a sentence belongs to it.
     """
-    if len(offsets) == 0 or not doc.has_annotation("SENT_START"):
-        return np.zeros(len(offsets), dtype=np.int64)
-    starts = np.fromiter((t.idx for t in doc if t.is_sent_start), dtype=np.int64)
-    ends = offsets[:, 1] - 1  # the piece's last character: whitespace before a word joins the word's sentence
-    return np.maximum(np.searchsorted(starts, ends, side="right") - 1, 0).astype(np.int64)
+    if num_pieces == 0 or not doc.has_annotation("SENT_START"):
+        return np.zeros(num_pieces, dtype=np.int64)
+    sent_starts = doc.to_array("SENT_START") == 1
+    sent_starts[:1] = True
+    token_sentence = np.cumsum(sent_starts) - 1
+    marks = np.full(num_pieces + 1, -1, dtype=np.int64)
+    marks[-1] = max(int(token_sentence[-1]), 0) if len(doc) else 0
+    has = token_first >= 0
+    spans = (token_last - token_first + 1) * has
+    pieces = np.repeat(token_first, spans) + (np.arange(spans.sum()) - np.repeat(np.cumsum(spans) - spans, spans))
+    marks[pieces] = np.repeat(np.maximum(token_sentence, 0), spans)
+    # Back-fill: each unmarked piece takes the mark of the next marked one.
+    index = np.where(marks >= 0, np.arange(num_pieces + 1), num_pieces + 1)
+    next_marked = np.minimum.accumulate(index[::-1])[::-1]
+    return marks[next_marked[:num_pieces]]
 
 
 def plan_batch(
@@ -196,23 +207,26 @@ def plan_batch(
         offsets = np.asarray(encoded["offset_mapping"][d], dtype=np.int64).reshape(-1, 2)
         starts = window_starts(len(ids), window, stride) if len(ids) else np.zeros(0, dtype=np.int64)
         owner = assign_windows(len(ids), starts, window) if len(ids) else np.zeros(0, dtype=np.int64)
-        sentence = piece_sentences(doc, offsets) if sentence_scopes else np.zeros(len(ids), dtype=np.int64)
+        token_starts = np.fromiter((t.idx for t in doc), dtype=np.int64, count=len(doc))
+        token_ends = token_starts + np.fromiter((len(t.text) for t in doc), dtype=np.int64, count=len(doc))
+        first, last = align_pieces(token_starts, token_ends, offsets[:, 0], offsets[:, 1])
+        if sentence_scopes:
+            sentence = piece_sentences(doc, first, last, len(ids))
+        else:
+            sentence = np.zeros(len(ids), dtype=np.int64)
         first_window = len(windows)
         for start in starts:
             windows.append(ids[start : start + window])
             local = sentence[start : start + window]
             window_scopes.append(local - local[0] if len(local) else local)
-        doc_piece_window.append((first_window, starts, owner, offsets))
+        doc_piece_window.append((first_window, starts, owner, first, last))
 
     batch = PieceBatch()
     window_row = pack_windows(batch, windows, bos_id, pad_id, max_batch_pieces, window_scopes)
     pairs_token, pairs_row = [], []
     token_offset = 0
-    for doc, (first_window, starts, owner, offsets) in zip(docs, doc_piece_window):
+    for doc, (first_window, starts, owner, first, last) in zip(docs, doc_piece_window):
         piece_rows = window_row[first_window + owner] + (np.arange(len(owner)) - starts[owner])
-        token_starts = np.fromiter((t.idx for t in doc), dtype=np.int64, count=len(doc))
-        token_ends = token_starts + np.fromiter((len(t.text) for t in doc), dtype=np.int64, count=len(doc))
-        first, last = align_pieces(token_starts, token_ends, offsets[:, 0], offsets[:, 1])
         has = first >= 0
         batch.token_first.append(np.where(has, piece_rows[np.maximum(first, 0)] if len(piece_rows) else -1, -1))
         batch.token_last.append(np.where(has, piece_rows[np.maximum(last, 0)] if len(piece_rows) else -1, -1))
