@@ -23,7 +23,10 @@ Two modes:
     python scripts/convert_corpus.py file assets/wnut17/wnut17train.conll \
         corpus/wnut17/train.spacy --token-col 0 --tag-col 1 --sep tab --limit 200
 
-    # a named corpus: its train/dev/test files to OUTPUT_DIR/{train,dev,test}.spacy
+    # a named corpus: its train/dev/test files to OUTPUT_DIR/{train,dev,test}.spacy and
+    # the document-level copies OUTPUT_DIR/{train,dev,test}.doc.spacy (CoNLL-2003:
+    # -DOCSTART- articles; NCBI-disease and BC5CDR, whose files mark no documents: 10
+    # consecutive sentences; WNUT-17's tweets stand alone, as they are)
     python scripts/convert_corpus.py preset wnut17 corpus/wnut17 --limit 200
 
 `--limit N` keeps the first N sentences (0 = all); in preset mode it applies to
@@ -52,6 +55,10 @@ class Preset:
     sep: str
     docstart: bool
     note: str = ""
+    # how the document-level copy groups sentences: "docs" (-DOCSTART- articles), N
+    # (N consecutive sentences, where the files mark no documents) or "sentences" (the
+    # corpus's units stand alone: WNUT-17's tweets)
+    doc_group: str = "sentences"
 
 
 PRESETS: Dict[str, Preset] = {
@@ -65,19 +72,19 @@ PRESETS: Dict[str, Preset] = {
         "assets/ncbi_disease",
         {"train": "train.tsv", "dev": "devel.tsv", "test": "test.tsv"},
         token_col=0, tag_col=1, sep="tab", docstart=False,
-        note="shipped in the repository (CC-BY 4.0)",
+        note="shipped in the repository (CC-BY 4.0)", doc_group="10",
     ),
     "bc5cdr": Preset(
         "assets/bc5cdr",
         {"train": "train.tsv", "dev": "devel.tsv", "test": "test.tsv"},
         token_col=0, tag_col=1, sep="tab", docstart=False,
-        note="shipped in the repository (CC-BY 4.0)",
+        note="shipped in the repository (CC-BY 4.0)", doc_group="10",
     ),
     "conll03": Preset(
         "assets/conll2003",
         {"train": "train.txt", "dev": "valid.txt", "test": "test.txt"},
         token_col=0, tag_col=3, sep="whitespace", docstart=True,
-        note="not shipped: run `python -m spacy project run copy-conll` first",
+        note="not shipped: run `python -m spacy project run copy-conll` first", doc_group="docs",
     ),
 }
 
@@ -265,26 +272,22 @@ def convert_preset(
     if missing:
         raise SystemExit(f"{name}: missing {', '.join(missing)} in {directory} ({preset.note})")
     limits = {"train": limit, "dev": dev_limit, "test": 0}
-    return {
-        split: convert_file(
-            directory / filename,
-            Path(output_dir) / f"{split}.spacy",
-            token_col=preset.token_col,
-            tag_col=preset.tag_col,
-            sep=preset.sep,
-            docstart=preset.docstart,
-            limit=limits[split],
-            group=group,
-            quiet=quiet,
-        )
-        for split, filename in preset.splits.items()
-    }
-
-
-GROUP_HELP = (
-    "one Doc per: 'sentences' (default), 'docs' (each -DOCSTART- document; sentence "
-    "boundaries kept) or N consecutive sentences"
-)
+    groups = {"": group, ".doc": preset.doc_group}  # the document-level copy beside the sentence-level one
+    results = {}
+    for suffix, how in groups.items():
+        for split, filename in preset.splits.items():
+            results[f"{split}{suffix}"] = convert_file(
+                directory / filename,
+                Path(output_dir) / f"{split}{suffix}.spacy",
+                token_col=preset.token_col,
+                tag_col=preset.tag_col,
+                sep=preset.sep,
+                docstart=preset.docstart,
+                limit=limits[split],
+                group=how,
+                quiet=quiet,
+            )
+    return results
 
 
 def main(argv: Optional[List[str]] = None) -> int:

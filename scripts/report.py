@@ -6,16 +6,24 @@
 A run is a `metrics/<corpus>/<run>.json` written by `spacy evaluate --output`
 (keys ents_f, ents_p, ents_r, ents_per_type, speed). Optional sidecars next to it:
 `<run>.train.json` (scripts/timed.py: wall_s, peak_rss_mib of the training) and
-`<run>.seqeval.json` (scripts/seqeval_check.py: seqeval strict IOB2 F1). Writes
-`metrics/<corpus>/SUMMARY.md` and prints it.
+`<run>.seqeval.json` (scripts/seqeval_check.py: seqeval strict IOB2 F1) and
+`<run>.doc.json` (`spacy evaluate` of the same pipeline on whole documents:
+test.doc.spacy). Runs named `<name>-seed<N>` are also gathered per name:
+`metrics/<corpus>/summary.json` maps each name to {"mean_f", "std_f", "seeds",
+"f", "doc_mean_f", "doc_std_f", "train_minutes"} (F1 in percent; std is the
+sample standard deviation, 0 for one seed). Writes `metrics/<corpus>/SUMMARY.md`
+and summary.json, and prints the table.
 """
 import argparse
 import json
+import re
+import statistics
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
-SIDECARS = (".train.json", ".seqeval.json")
+SIDECARS = (".train.json", ".seqeval.json", ".doc.json", ".calibration.json")
+SEED = re.compile(r"^(?P<name>.+)-seed(?P<seed>\d+)$")
 # Runs in this order first (also within each prefix group), baselines last.
 FIRST = ("none", "middle", "all")
 LAST = ("cnn", "minilm")
@@ -46,8 +54,34 @@ def load_runs(folder: Path) -> Dict[str, dict]:
             "metrics": metrics,
             "train": read_json(folder / f"{name}.train.json"),
             "seqeval": read_json(folder / f"{name}.seqeval.json"),
+            "doc": read_json(folder / f"{name}.doc.json"),
         }
     return runs
+
+
+def seed_summary(runs: Dict[str, dict]) -> Dict[str, dict]:
+    """Runs `<name>-seed<N>` gathered per name: mean and spread of test F1 over seeds."""
+    groups: Dict[str, Dict[int, dict]] = {}
+    for run_name, run in runs.items():
+        match = SEED.match(run_name)
+        if match:
+            groups.setdefault(match["name"], {})[int(match["seed"])] = run
+    summary = {}
+    for name in order(groups):
+        seeds = sorted(groups[name])
+        f = [100 * float(groups[name][k]["metrics"]["ents_f"]) for k in seeds]
+        doc = [100 * float(groups[name][k]["doc"]["ents_f"]) for k in seeds if groups[name][k]["doc"]]
+        minutes = [float(groups[name][k]["train"]["wall_s"]) / 60 for k in seeds if groups[name][k]["train"]]
+        summary[name] = {
+            "mean_f": round(statistics.mean(f), 2),
+            "std_f": round(statistics.stdev(f), 2) if len(f) > 1 else 0.0,
+            "seeds": seeds,
+            "f": [round(x, 2) for x in f],
+            "doc_mean_f": round(statistics.mean(doc), 2) if len(doc) == len(f) else None,
+            "doc_std_f": (round(statistics.stdev(doc), 2) if len(doc) > 1 else 0.0) if len(doc) == len(f) else None,
+            "train_minutes": round(statistics.mean(minutes), 1) if minutes else None,
+        }
+    return summary
 
 
 def order(names) -> List[str]:
@@ -103,21 +137,23 @@ def summarize(folder: Path) -> str:
         "seqeval F1: strict IOB2 span F1 recomputed by scripts/seqeval_check.py, where run.",
         "Training time and peak memory (CPU RSS of the training process) come from scripts/timed.py.",
         "",
-        "| run | F1 | P | R | seqeval F1 | words/s | training time | peak memory |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "Documents F1: the same pipeline on whole documents (test.doc.spacy; CoNLL-2003 articles).",
+        "",
+        "| run | F1 | P | R | documents F1 | seqeval F1 | words/s | training time | peak memory |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     labels = set()
     for name in order(runs):
         run = runs[name]
-        m, train, seq = run["metrics"], run["train"] or {}, run["seqeval"] or {}
+        m, train, seq, doc = run["metrics"], run["train"] or {}, run["seqeval"] or {}, run["doc"] or {}
         labels.update((m.get("ents_per_type") or {}).keys())
         lines.append(
             f"| {name} | {pct(m.get('ents_f'))} | {pct(m.get('ents_p'))} | {pct(m.get('ents_r'))} "
-            f"| {pct(seq.get('seqeval_f1'))} | {speed(m.get('speed'))} "
+            f"| {pct(doc.get('ents_f'))} | {pct(seq.get('seqeval_f1'))} | {speed(m.get('speed'))} "
             f"| {duration(train.get('wall_s'))} | {memory(train.get('peak_rss_mib'))} |"
         )
     if not runs:
-        lines.append("| (no runs yet) | | | | | | | |")
+        lines.append("| (no runs yet) | | | | | | | | |")
     if labels:
         labels = sorted(labels)
         lines += ["", "F1 per entity type:", "", "| run | " + " | ".join(labels) + " |",
@@ -126,6 +162,14 @@ def summarize(folder: Path) -> str:
             per_type = runs[name]["metrics"].get("ents_per_type") or {}
             cells = [pct((per_type.get(label) or {}).get("f")) for label in labels]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    seeds = seed_summary(runs)
+    if seeds:
+        lines += ["", "Over seeds (test F1 in %, mean ± sample standard deviation):", "",
+                  "| run | seeds | F1 | documents F1 | training time per run |", "|---|---:|---:|---:|---:|"]
+        for name, row in seeds.items():
+            doc = "–" if row["doc_mean_f"] is None else f"{row['doc_mean_f']:.2f} ± {row['doc_std_f']:.2f}"
+            minutes = "–" if row["train_minutes"] is None else f"{row['train_minutes']:.0f} min"
+            lines.append(f"| {name} | {len(row['seeds'])} | {row['mean_f']:.2f} ± {row['std_f']:.2f} | {doc} | {minutes} |")
     extras = [f"[{p.name}]({p.name})" for p in (folder / "sweep.md", folder / "sweep.png") if p.exists()]
     if extras:
         lines += ["", "Unmask sweep: " + ", ".join(extras) + "."]
@@ -156,6 +200,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             found += 1
             if not args.no_write:
                 (folder / "SUMMARY.md").write_text(text, encoding="utf8")
+                seeds = seed_summary(load_runs(folder))
+                if seeds:
+                    (folder / "summary.json").write_text(json.dumps(seeds, indent=2) + "\n", encoding="utf8")
             print(text)
     if not found:
         print("report: no metrics found (run a training workflow first)", file=sys.stderr)

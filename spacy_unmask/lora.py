@@ -73,12 +73,36 @@ def apply_finetuning(model, settings: BackboneSettings):
             # casts back: two copies of every projection input, about 15% of a CPU step.
             module.cast_input_dtype_enabled = False
             use_cheap_dropout(module.lora_dropout)
+    share_dropout_masks(model, settings.lora_dropout)
     for param_name, param in model.named_parameters():
         is_lora = "lora_" in param_name
         param.requires_grad_(is_lora)
         if is_lora:  # float32, so that the optimizer sees full-precision values
             param.data = param.data.float()
     return model
+
+
+# Projections of one block that read the same input tensor.
+SAME_INPUT = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+def share_dropout_masks(model, p: float) -> None:
+    """One LoRA dropout mask for the projections of a block that read the same input."""
+    from peft.tuners.lora import LoraLayer
+
+    from .dropout import SharedDropout
+
+    if p == 0.0:
+        return
+    for block in decoder_layers(model):
+        for names in SAME_INPUT:
+            layers = [m for n, m in block.named_modules() if n.rsplit(".", 1)[-1] in names and isinstance(m, LoraLayer)]
+            if len(layers) < 2:
+                continue
+            shared = SharedDropout(p, group_size=len(layers))
+            for layer in layers:
+                for adapter in layer.lora_dropout:
+                    layer.lora_dropout[adapter] = shared
 
 
 def lora_layers(model) -> List[nn.Module]:

@@ -3,7 +3,7 @@ import pytest
 import torch
 from torch import nn
 
-from spacy_unmask.dropout import CheapDropout, use_cheap_dropout
+from spacy_unmask.dropout import CheapDropout, SharedDropout, use_cheap_dropout
 
 
 @pytest.mark.parametrize("p", [0.05, 0.1, 0.5])
@@ -61,3 +61,31 @@ def test_lora_layers_of_a_decoder_get_cheap_dropout():
     assert lora and all(
         isinstance(m.lora_dropout["default"], CheapDropout) and m.lora_dropout["default"].p == 0.2 for m in lora
     )
+
+
+def test_shared_dropout_gives_one_mask_to_the_readers_of_one_input():
+    shared = SharedDropout(0.5, group_size=3).train()
+    x, other = torch.ones(32, 32), torch.ones(32, 32)
+    q, k, v = shared(x), shared(x), shared(x)
+    assert q is k is v
+    assert shared._input is None  # forgotten after the group: nothing kept between steps
+    assert not torch.equal(shared(x), q)  # the next step draws a new mask
+    shared(other)
+    assert not torch.equal(shared(x), shared(other))  # a different input never reuses a mask
+
+
+def test_q_k_v_of_a_block_share_a_mask_and_o_does_not():
+    from peft.tuners.lora import LoraLayer
+
+    from spacy_unmask.lora import apply_finetuning
+    from spacy_unmask.settings import BackboneSettings
+    from tiny_models import tiny_decoder
+
+    model = apply_finetuning(tiny_decoder("llama"), BackboneSettings(name="tiny", lora_targets=["attention", "mlp"]))
+    attention, mlp = model.layers[0].self_attn, model.layers[0].mlp
+    drop = lambda m: m.lora_dropout["default"]
+    assert drop(attention.q_proj) is drop(attention.k_proj) is drop(attention.v_proj)
+    assert drop(attention.o_proj) is not drop(attention.q_proj)
+    assert drop(mlp.gate_proj) is drop(mlp.up_proj) and drop(mlp.down_proj) is not drop(mlp.up_proj)
+    assert drop(attention.q_proj) is not drop(model.layers[1].self_attn.q_proj)
+    assert all(isinstance(m, LoraLayer) for m in (attention.q_proj, mlp.down_proj))

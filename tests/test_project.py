@@ -228,7 +228,12 @@ def test_report(tmp_path, capsys):
                                                        "product": {"p": 0.1, "r": 0.1, "f": 0.1}})
     (corpus / "all.train.json").write_text(json.dumps({"wall_s": 3725.0, "peak_rss_mib": 3072.0}))
     (corpus / "all.seqeval.json").write_text(json.dumps({"seqeval_f1": 0.5}))
+    write_metrics(corpus / "all.doc.json", 0.45, 0.5, 0.4, {})
     (corpus / "notes.json").write_text("[1, 2]")  # not a metrics file: ignored
+    for seed, (f, doc_f) in enumerate([(0.8, 0.7), (0.9, 0.75), (0.85, 0.8)], start=1):
+        write_metrics(corpus / f"gemma3-all-seed{seed}.json", f, f, f, {})
+        write_metrics(corpus / f"gemma3-all-seed{seed}.doc.json", doc_f, doc_f, doc_f, {})
+        (corpus / f"gemma3-all-seed{seed}.train.json").write_text(json.dumps({"wall_s": 600.0 * seed}))
     bench = tmp_path / "metrics" / "bench"
     bench.mkdir()
     (bench / "smollm2.json").write_text(json.dumps({"pipeline_words_per_s": 500.0}))  # no runs: no table
@@ -237,10 +242,14 @@ def test_report(tmp_path, capsys):
     summary = (corpus / "SUMMARY.md").read_text()
     assert summary == capsys.readouterr().out.rstrip("\n") + "\n"
     rows = [line for line in summary.splitlines() if line.startswith("| all ") or line.startswith("| cnn ")]
-    assert rows[0] == "| all | 50.00 | 60.00 | 40.00 | 50.00 | 1,234 | 1h 02m | 3.00 GiB |"
-    assert rows[1] == "| cnn | 25.00 | 50.00 | 16.67 | – | 1,234 | – | – |"
+    assert rows[0] == "| all | 50.00 | 60.00 | 40.00 | 45.00 | 50.00 | 1,234 | 1h 02m | 3.00 GiB |"
+    assert rows[1] == "| cnn | 25.00 | 50.00 | 16.67 | – | – | 1,234 | – | – |"
     assert "| all | 55.00 | 10.00 |" in summary and "| cnn | 30.00 | – |" in summary
     assert "notes" not in summary
+    seeds = json.loads((corpus / "summary.json").read_text())
+    assert seeds == {"gemma3-all": {"mean_f": 85.0, "std_f": 5.0, "seeds": [1, 2, 3], "f": [80.0, 90.0, 85.0],
+                                    "doc_mean_f": 75.0, "doc_std_f": 5.0, "train_minutes": 20.0}}
+    assert "| gemma3-all | 3 | 85.00 ± 5.00 | 75.00 ± 5.00 | 20 min |" in summary
     assert report.order(["cnn", "gemma3-all", "all", "groups-0011", "gemma3-none", "none"]) == [
         "none", "all", "gemma3-none", "gemma3-all", "groups-0011", "cnn"]
 
