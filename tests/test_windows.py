@@ -1,0 +1,33 @@
+"""Windows: a token's vector depends only on the window it is read from, on every family."""
+import numpy as np
+import pytest
+import spacy
+
+from spacy_unmask import get_backbone
+from spacy_unmask.layers.decoder_tok2vec import DecoderTok2Vec
+from test_robustness import STRIDE, TRAIN, WINDOW, first_piece, shifting_prefix
+from tiny_models import FAMILIES
+
+nlp = spacy.blank("en")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("unmask,scope", [("all", "window"), ("all", "sentence"), ("none", "window")])
+def test_vectors_do_not_depend_on_where_the_doc_is_cut(tiny_dirs, family, unmask, scope):
+    """The same text cut into windows at other places (a prefix of a multiple of the stride
+    shifts every cut): tokens whose window holds the same pieces get the same vectors, so
+    positions restart, BOS and the masks are exact. Each window runs alone (max_batch_pieces=1)."""
+    model = DecoderTok2Vec(name=tiny_dirs(family, "metaspace"), unmask=unmask, unmask_scope=scope, window=WINDOW,
+                           stride=STRIDE, max_batch_pieces=1, finetune="frozen", dtype="float32",
+                           attn_implementation="eager" if family == "gemma2" else "sdpa")
+    model.initialize()
+    tokenizer = get_backbone(model).tokenizer
+    tail = TRAIN[3][0] + " " + TRAIN[0][0]
+    prefix, head_pieces = shifting_prefix(tokenizer, tail, prefix_words=30)
+    tail_doc, doc = nlp.make_doc(tail), nlp.make_doc(prefix + tail)
+    alone = model.predict([tail_doc])[0]
+    shifted = model.predict([doc])[0][-len(tail_doc):]
+    position = np.array([first_piece(tokenizer, tail, t) for t in tail_doc])
+    far = position >= WINDOW - STRIDE  # read from windows that hold tail pieces only
+    assert far.sum() > 5
+    np.testing.assert_allclose(shifted[far], alone[far], rtol=0, atol=1e-5)
