@@ -18,7 +18,6 @@ every process it meets would be retried forever; --max-chars bounds the text siz
 batch's rows reach the writer only when its task succeeds, so each id is written once.
 A run is not resumable: OUTPUT must be new.
 """
-import math
 import os
 import signal
 import sys
@@ -181,7 +180,7 @@ def annotate_ray(
     )
     constructor: Dict[str, Any] = dict(
         pipeline=str(Path(pipeline).resolve()), keep_text=keep_text, spans_key=spans_key, max_chars=max_chars,
-        use_gpu=num_gpus > 0, num_threads=max(1, math.floor(num_cpus)), kill_once=os.environ.get(KILL_ONCE_ENV),
+        use_gpu=num_gpus > 0, num_threads=max(1, round(num_cpus)), kill_once=os.environ.get(KILL_ONCE_ENV),
     )
     annotated = records.map_batches(good_records, batch_format="pyarrow", **light).map_batches(
         PipelineAnnotator,

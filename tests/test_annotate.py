@@ -174,6 +174,17 @@ def test_local_all_good_exits_zero_and_scores_come_from_the_span_group(pipeline_
         assert [e["score"] for e in rows[str(i)]["entities"]] == pytest.approx([e["score"] for e in want])
 
 
+def test_local_n_process_gives_the_same_parts(pipeline_dir, corpus, tmp_path):
+    path, good, bad, _ = corpus
+    one, two = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
+    annotate_local(pipeline_dir, path, one, part_size=9, max_chars=MAX_CHARS, batch_size=4, progress=False)
+    summary = annotate_local(pipeline_dir, path, two, part_size=9, max_chars=MAX_CHARS, batch_size=4, n_process=2, progress=False)
+    assert (summary.written, summary.errors) == (len(good), len(bad))
+    for part in sorted(one.glob("part-*")):
+        assert (two / part.name).read_bytes() == part.read_bytes()
+    assert errors_of(two) == errors_of(one)
+
+
 def test_entity_scores_from_span_group_else_none():
     nlp = spacy.blank("en")
     doc = nlp("Peter visited Berlin and Paris")
