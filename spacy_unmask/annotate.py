@@ -138,6 +138,8 @@ def _lines(stream: BinaryIO) -> Iterator[bytes]:
 
 def parse_jsonl_line(raw: bytes, line: int, text_field: str, id_field: str, max_chars: int) -> Optional[Record]:
     """The record on one JSONL line; None for a blank line (not a record)."""
+    if line == 1 and raw.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark
+        raw = raw[3:]
     if not raw.strip():
         return None
     shown = raw.decode("utf-8", "backslashreplace")
@@ -154,12 +156,14 @@ def parse_jsonl_line(raw: bytes, line: int, text_field: str, id_field: str, max_
     try:
         data = json.loads(decoded)
     except ValueError as e:
-        return Record(str(line), line, None, f"not JSON: {getattr(e, 'msg', e)} (column {getattr(e, 'colno', '?')})", shown)
+        reason = f"not JSON: {getattr(e, 'msg', e)} (column {getattr(e, 'colno', '?')})"
+        return Record(str(line), line, None, reason, shown)
     if not isinstance(data, dict):
         return Record(str(line), line, None, f"not a JSON object but {_json_type(data)}", shown)
     text = data.get(text_field)
     reason = text_problem(text, text_field, max_chars)
-    return Record(record_id(data.get(id_field), line), line, None if reason else text, reason, shown if reason else None)
+    key = record_id(data.get(id_field), line)
+    return Record(key, line, None, reason, shown) if reason else Record(key, line, text)
 
 
 def jsonl_records(stream: BinaryIO, text_field: str, id_field: str, max_chars: int) -> Iterator[Record]:
@@ -190,7 +194,9 @@ def parquet_records(source, text_field: str, id_field: str, max_chars: int) -> I
     text_type = schema.field(text_field).type
     if not (pa.types.is_string(text_type) or pa.types.is_large_string(text_type) or pa.types.is_binary(text_type)
             or pa.types.is_large_binary(text_type)):
-        raise UsageError(f"INPUT column {text_field!r} is {text_type}, not a string column; choose one with --text-field")
+        raise UsageError(
+            f"INPUT column {text_field!r} is {text_type}, not a string column; choose one with --text-field"
+        )
     columns = [text_field] + ([id_field] if id_field in schema.names else [])
     row = 0
     for batch in parquet.iter_batches(batch_size=4096, columns=columns):
@@ -217,8 +223,8 @@ def _text_record(raw: Optional[bytes], id: str, line: Optional[int], field: str,
 def txt_files(folder: Path) -> List[Path]:
     """The .txt files under `folder`, by relative path, skipping names that start with '.' or
     '_' (as Ray Data does when it lists a folder)."""
-    files = [p for p in folder.rglob("*.txt") if p.is_file() and not p.relative_to(folder).as_posix().startswith((".", "_"))]
-    return sorted(files, key=lambda p: p.relative_to(folder).as_posix())
+    names = {p.relative_to(folder).as_posix(): p for p in folder.rglob("*.txt") if p.is_file()}
+    return [names[name] for name in sorted(names) if not name.startswith((".", "_"))]
 
 
 def txt_record(content: bytes, id: str, max_chars: int) -> Record:
@@ -226,7 +232,9 @@ def txt_record(content: bytes, id: str, max_chars: int) -> Record:
     return _text_record(content, safe_text(id), None, "text", max_chars)
 
 
-def iter_records(path: Path, text_field: str = "text", id_field: str = "id", max_chars: int = DEFAULT_MAX_CHARS) -> Iterator[Record]:
+def iter_records(
+    path: Path, text_field: str = "text", id_field: str = "id", max_chars: int = DEFAULT_MAX_CHARS
+) -> Iterator[Record]:
     kind = input_kind(path)
     if kind == "jsonl":
         with path.open("rb") as stream:
@@ -253,7 +261,11 @@ def input_fingerprint(path: Path) -> Dict[str, int]:
     """Size and modification time of INPUT, to refuse resuming on a changed input."""
     files = txt_files(path) if path.is_dir() else [path]
     stats = [f.stat() for f in files]
-    return {"files": len(files), "bytes": sum(s.st_size for s in stats), "mtime_ns": max((s.st_mtime_ns for s in stats), default=0)}
+    return {
+        "files": len(files),
+        "bytes": sum(s.st_size for s in stats),
+        "mtime_ns": max((s.st_mtime_ns for s in stats), default=0),
+    }
 
 
 # --- annotating ------------------------------------------------------------------------
@@ -436,7 +448,9 @@ def annotate_local(
     fmt = output_format(output)
     input_kind(input)
     if part_size < 1 or batch_size < 1 or n_process < 1:
-        raise UsageError(f"--part-size, --batch-size and --n-process must be at least 1, got {part_size}, {batch_size}, {n_process}")
+        raise UsageError(
+            f"--part-size, --batch-size and --n-process must be at least 1, got {part_size}, {batch_size}, {n_process}"
+        )
     if fmt == "parquet":
         _pyarrow()
     settings = run_settings(pipeline, input, "local", text_field, id_field, keep_text, max_chars, spans_key, fmt)
@@ -448,7 +462,7 @@ def annotate_local(
     from spacy.util import minibatch
     from tqdm import tqdm
 
-    bar = tqdm(total=count_input(input), unit="doc", desc="annotate", disable=not progress, file=sys.stderr, smoothing=0.1)
+    bar = tqdm(total=count_input(input), unit="doc", desc="annotate", disable=not progress, file=sys.stderr)
     pending: deque = deque()
 
     def part_path(index: int) -> Path:
@@ -487,7 +501,9 @@ def annotate_local(
     return summarize(input, output)
 
 
-def run_settings(pipeline, input: Path, engine, text_field, id_field, keep_text, max_chars, spans_key, fmt) -> Dict[str, Any]:
+def run_settings(
+    pipeline, input: Path, engine, text_field, id_field, keep_text, max_chars, spans_key, fmt
+) -> Dict[str, Any]:
     """What decides the content of OUTPUT; a resumed run must match it."""
     return {
         "engine": engine,
@@ -569,11 +585,14 @@ def run(args) -> int:
             )
         else:
             refused = [name for name, value, default in (
-                ("--part-size", args.part_size, 10_000), ("--n-process", args.n_process, 1), ("--gpu-id", args.gpu_id, -1),
+                ("--part-size", args.part_size, 10_000),
+                ("--n-process", args.n_process, 1),
+                ("--gpu-id", args.gpu_id, -1),
             ) if value != default]
             if refused:
                 raise UsageError(
-                    f"{', '.join(refused)}: settings of the local engine; with --engine ray use --concurrency, --num-gpus"
+                    f"{', '.join(refused)}: settings of the local engine; "
+                    "with --engine ray use --concurrency, --num-gpus"
                 )
             from .annotate_ray import annotate_ray
 

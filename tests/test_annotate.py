@@ -3,8 +3,8 @@
 The pipeline is a tiny random Llama-style decoder trained for a few steps, so its
 entities are arbitrary but deterministic. The Ray tests share one local Ray (2 CPUs).
 """
+import io
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -19,8 +19,10 @@ from spacy_unmask.annotate import (
     EXIT_BAD_RECORDS,
     EXIT_OK,
     EXIT_USAGE,
+    UsageError,
     annotate_local,
     entities,
+    jsonl_records,
     read_errors,
     read_output,
 )
@@ -122,7 +124,8 @@ def spans_of(rows):
 
 def expected_spans(nlp, good):
     ids = list(good)
-    return {id: [(e.start_char, e.end_char, e.label_) for e in doc.ents] for id, doc in zip(ids, nlp.pipe(good[i] for i in ids))}
+    docs = nlp.pipe(good[id] for id in ids)
+    return {id: [(e.start_char, e.end_char, e.label_) for e in doc.ents] for id, doc in zip(ids, docs)}
 
 
 def errors_of(output: Path):
@@ -143,7 +146,8 @@ def check_errors(output: Path, bad):
 def test_local_jsonl_good_annotated_bad_set_aside(pipeline_dir, nlp, corpus, tmp_path, capsys):
     path, good, bad, read = corpus
     output = tmp_path / "ents.jsonl"
-    argv = ["annotate", pipeline_dir, str(path), str(output), "--part-size", "7", "--max-chars", str(MAX_CHARS), "--keep-text"]
+    argv = ["annotate", pipeline_dir, str(path), str(output), "--part-size", "7", "--max-chars", str(MAX_CHARS)]
+    argv.append("--keep-text")
     assert main(argv) == EXIT_BAD_RECORDS
     assert f"read {read} = written {len(good)} + errors {len(bad)}" in capsys.readouterr().out
     rows = list(read_output(output))
@@ -177,8 +181,9 @@ def test_local_all_good_exits_zero_and_scores_come_from_the_span_group(pipeline_
 def test_local_n_process_gives_the_same_parts(pipeline_dir, corpus, tmp_path):
     path, good, bad, _ = corpus
     one, two = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
-    annotate_local(pipeline_dir, path, one, part_size=9, max_chars=MAX_CHARS, batch_size=4, progress=False)
-    summary = annotate_local(pipeline_dir, path, two, part_size=9, max_chars=MAX_CHARS, batch_size=4, n_process=2, progress=False)
+    settings = dict(part_size=9, max_chars=MAX_CHARS, batch_size=4, progress=False)
+    annotate_local(pipeline_dir, path, one, **settings)
+    summary = annotate_local(pipeline_dir, path, two, n_process=2, **settings)
     assert (summary.written, summary.errors) == (len(good), len(bad))
     for part in sorted(one.glob("part-*")):
         assert (two / part.name).read_bytes() == part.read_bytes()
@@ -199,6 +204,24 @@ def test_entity_scores_from_span_group_else_none():
         {"start_char": 14, "end_char": 20, "label": "LOC", "score": 0.8},
     ]
     assert [e["score"] for e in entities(doc, spans_key="other")] == [None, None]
+
+
+def test_jsonl_lines_byte_order_mark_crlf_and_line_separators():
+    data = b'\xef\xbb\xbf{"id": "a", "text": "Berlin"}\r\n\r\n{"text": "x\xe2\x80\xa8y"}\r\n{"id": 7, "text": "Paris"}'
+    records = list(jsonl_records(io.BytesIO(data), "text", "id", MAX_CHARS))
+    assert [(r.id, r.line, r.text, r.reason) for r in records] == [
+        ("a", 1, "Berlin", None),
+        ("3", 3, "x\u2028y", None),  # U+2028 inside a string does not end the line
+        ("7", 4, "Paris", None),
+    ]
+
+
+def test_parquet_without_pyarrow_names_the_extra(corpus, tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # as if not installed
+    with pytest.raises(UsageError, match=r"spacy-unmask\[ray\]"):
+        annotate_local("unused", corpus[0], tmp_path / "ents.parquet", progress=False)
 
 
 class Interrupted(Exception):
@@ -291,7 +314,9 @@ def test_parquet_and_txt_input_parquet_and_docbin_output(pipeline_dir, nlp, corp
     parquet = tmp_path / "corpus.parquet"
     write_parquet_corpus(parquet, good)
     output = tmp_path / "ents.parquet"
-    summary = annotate_local(pipeline_dir, parquet, output, text_field="body", id_field="key", part_size=8, progress=False)
+    summary = annotate_local(
+        pipeline_dir, parquet, output, text_field="body", id_field="key", part_size=8, progress=False
+    )
     assert (summary.read, summary.written, summary.errors) == (len(good) + 2, len(good), 2)
     assert spans_of(read_output(output)) == want
     n = len(good)
@@ -321,7 +346,8 @@ def test_usage_errors_name_the_setting(pipeline_dir, corpus, tmp_path, capsys):
     assert ".jsonl, .parquet, .spacy" in capsys.readouterr().err
     assert main(["annotate", pipeline_dir, path, str(tmp_path / "a.jsonl"), "--concurrency", "2"]) == EXIT_USAGE
     assert "--concurrency" in capsys.readouterr().err
-    assert main(["annotate", pipeline_dir, path, str(tmp_path / "b.jsonl"), "--engine", "ray", "--n-process", "2"]) == EXIT_USAGE
+    argv = ["annotate", pipeline_dir, path, str(tmp_path / "b.jsonl"), "--engine", "ray", "--n-process", "2"]
+    assert main(argv) == EXIT_USAGE
     assert "--n-process" in capsys.readouterr().err
     parquet = tmp_path / "c.parquet"
     write_parquet_corpus(parquet, {"a": "Berlin"})
@@ -384,7 +410,9 @@ def test_ray_parquet_and_txt_input(local_ray, pipeline_dir, nlp, corpus, tmp_pat
     assert spans_of(rows) == {name: by_text[text] for name, text in texts.items()}
 
 
-def test_ray_killed_actor_is_restarted_and_each_id_written_once(local_ray, pipeline_dir, nlp, corpus, tmp_path, monkeypatch):
+def test_ray_killed_actor_is_restarted_and_each_id_written_once(
+    local_ray, pipeline_dir, nlp, corpus, tmp_path, monkeypatch
+):
     from spacy_unmask.annotate_ray import KILL_ONCE_ENV, annotate_ray
 
     path, good, bad, _ = corpus
