@@ -185,6 +185,7 @@ class Backbone(nn.Module):
             self.unmasked,
             self.windows,
             scopes=scopes,
+            lookahead=self.settings.lookahead,
             additive_dtype=(self.compute_dtype or dtype) if self.additive else None,
         )
         device_type = input_ids.device.type

@@ -135,6 +135,7 @@ def build_layer_masks(
     windows: Sequence[Optional[int]],
     *,
     scopes=None,
+    lookahead: int = 0,
     additive_dtype=None,
 ) -> list:
     """One 4D attention mask (batch, 1, query, key) per layer.
@@ -146,7 +147,8 @@ def build_layer_masks(
     In an unmasked layer it also sees the pieces on its right that share its
     scope: `scopes` (batch, length) gives each piece a scope id (its sentence,
     with `unmask_scope = "sentence"`); None means one scope per sequence, i.e.
-    the whole sequence both ways. A sliding layer hides keys at distance >=
+    the whole sequence both ways. `lookahead` > 0 also caps how many pieces an
+    unmasked layer sees on the right. A sliding layer hides keys at distance >=
     window (on both sides when unmasked). Each query may always see itself, so no
     row is empty (an empty row gives NaN in SDPA). Masks are boolean (True =
     attend) unless `additive_dtype` is given, for eager attention, which adds
@@ -164,6 +166,8 @@ def build_layer_masks(
         seen_both_ways = same
     else:
         seen_both_ways = same & ((scopes[:, None, :, None] == scopes[:, None, None, :]) | left)
+    if lookahead:
+        seen_both_ways = seen_both_ways & (offset >= -lookahead)
     diagonal = torch.eye(length, dtype=torch.bool, device=device)
     cache: Dict[Tuple[bool, Optional[int]], object] = {}
     masks = []

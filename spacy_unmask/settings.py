@@ -35,6 +35,8 @@ class BackboneSettings:
     """How far right an unmasked layer looks: "sentence" (to the end of the token's own
     sentence, where the Doc has sentence boundaries; the left context is the whole
     window, as in a causal layer) or "window" (the whole window both ways)."""
+    lookahead: int = 0
+    """At most this many pieces an unmasked layer sees on the right (within its scope); 0: no cap."""
     pooling: str = "first"
     """How a token's pieces become one vector: "first", "last", "mean"."""
     finetune: str = "lora"
@@ -95,6 +97,7 @@ class BackboneSettings:
         if not self.lora_targets or not all(isinstance(t, str) and t for t in self.lora_targets):
             raise ValueError(f"lora_targets {self.lora_targets!r}: give 'attention' or names of linear layers")
         _integer("num_layers", self.num_layers, 0, "0 (all layers) or a positive number of layers")
+        _integer("lookahead", self.lookahead, 0, "0 (no cap) or a positive number of pieces")
         _integer("window", self.window, 2, "an integer of at least 2 pieces")
         if not (_is_int(self.stride) and 1 <= self.stride <= self.window):
             raise ValueError(
