@@ -229,7 +229,7 @@ def plot_reliability(path: Path, panels: Sequence[Tuple[str, Dict[str, object]]]
         ax.bar([r["lower"] for r in rows], [r["accuracy"] for r in rows], width=width, align="edge",
                edgecolor="black", color="#4c72b0", label="accuracy")
         ax.plot([r["mean_score"] for r in rows], [r["accuracy"] for r in rows], "o", color="#dd8452",
-                label="mean score in bin")
+                label="bin: (mean score, accuracy)")
         ax.plot([0, 1], [0, 1], "--", color="gray", label="perfect calibration")
         ece = summary["ece"]
         ax.set_title(f"{title}\nECE {ece:.3f}, {summary['entities']} entities" if ece is not None else title)
