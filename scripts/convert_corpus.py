@@ -290,6 +290,12 @@ def convert_preset(
     return results
 
 
+GROUP_HELP = (
+    "one Doc per: 'sentences' (default), 'docs' (each -DOCSTART- document; sentence "
+    "boundaries kept) or N consecutive sentences"
+)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="mode", required=True)
