@@ -150,6 +150,8 @@ class Backbone(nn.Module):
             max_batch_pieces=s.max_batch_pieces,
             pad_id=self.pad_id,
             sentence_scopes=s.unmask_scope == "sentence",
+            by_sentence=s.sentence_windows,
+            context=s.sentence_context,
         )
 
     def forward(self, batch: PieceBatch) -> List[torch.Tensor]:

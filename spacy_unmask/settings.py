@@ -52,8 +52,16 @@ class BackboneSettings:
     names of linear layers of the decoder blocks (gate_proj, up_proj, ...)."""
     num_layers: int = 0
     """Keep only the first N decoder layers (the rest are never loaded or run); 0: all."""
+    sentence_windows: bool = False
+    """Where the Doc has sentence boundaries (a `sentencizer` or `senter` before the
+    component, or the corpus), read each sentence in a window of its own, with
+    `sentence_context` pieces of the text around it; its tokens take their vectors
+    from it. Docs without boundaries are cut by `window` and `stride`."""
+    sentence_context: int = 0
+    """Pieces of the neighbouring text read on each side of a sentence window
+    (FLERT's document context; only the sentence's own tokens take vectors from it)."""
     window: int = 256
-    """Long docs are cut into windows of this many pieces..."""
+    """Long docs (and sentences) are cut into windows of this many pieces..."""
     stride: int = 192
     """...starting every `stride` pieces; each piece takes its vector from the window
     where it is furthest from an edge."""
@@ -99,6 +107,9 @@ class BackboneSettings:
         _integer("num_layers", self.num_layers, 0, "0 (all layers) or a positive number of layers")
         _integer("lookahead", self.lookahead, 0, "0 (no cap) or a positive number of pieces")
         _integer("window", self.window, 2, "an integer of at least 2 pieces")
+        _integer("sentence_context", self.sentence_context, 0, "0 or a positive number of pieces")
+        if not isinstance(self.sentence_windows, bool):
+            raise ValueError(f"sentence_windows {self.sentence_windows!r}: must be true or false")
         if not (_is_int(self.stride) and 1 <= self.stride <= self.window):
             raise ValueError(
                 f"stride {self.stride!r}: must be between 1 and the window ({self.window}), "

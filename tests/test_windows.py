@@ -31,3 +31,35 @@ def test_vectors_do_not_depend_on_where_the_doc_is_cut(tiny_dirs, family, unmask
     far = position >= WINDOW - STRIDE  # read from windows that hold tail pieces only
     assert far.sum() > 5
     np.testing.assert_allclose(shifted[far], alone[far], rtol=0, atol=1e-5)
+
+
+def sentences_doc(text, starts):
+    doc = nlp.make_doc(text)
+    for i, token in enumerate(doc):
+        token.is_sent_start = i in starts
+    return doc
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3_text", "mistral"])
+def test_sentence_windows_read_each_sentence_alone_or_with_its_context(tiny_dirs, family):
+    def model(**settings):
+        m = DecoderTok2Vec(name=tiny_dirs(family, "metaspace"), unmask="all", sentence_windows=True,
+                           finetune="frozen", dtype="float32", **settings)
+        m.initialize()
+        return m
+
+    first, second, changed = "Peter Blackburn visited Brussels .", "EU rejects German lamb .", "Paris said no ."
+    docs = [sentences_doc(f"{first} {second}", (0, 5)), sentences_doc(f"{changed} {second}", (0, 4))]
+    alone = model(sentence_context=0)
+    a, b = alone.predict(docs)
+    np.testing.assert_allclose(a[:5], alone.predict([nlp.make_doc(first)])[0], atol=1e-5)  # as if alone
+    np.testing.assert_allclose(a[5:], b[4:], atol=1e-5)  # the second sentence never sees the first
+    with_context = model(sentence_context=4)
+    a, b = with_context.predict(docs)
+    assert np.abs(a[5:] - b[4:]).max() > 1e-4  # with context it reads the end of the first
+    # A doc without sentence boundaries is cut by window and stride, as before.
+    plain = nlp.make_doc(f"{first} {second}")
+    np.testing.assert_allclose(alone.predict([plain])[0], model(sentence_context=0).predict([plain])[0], atol=1e-6)
+    fixed = DecoderTok2Vec(name=tiny_dirs(family, "metaspace"), unmask="all", finetune="frozen", dtype="float32")
+    fixed.initialize()
+    np.testing.assert_allclose(alone.predict([plain])[0], fixed.predict([plain])[0], atol=1e-5)

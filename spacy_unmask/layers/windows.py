@@ -179,6 +179,34 @@ def piece_sentences(doc: Doc, token_first: np.ndarray, token_last: np.ndarray, n
     return marks[next_marked[:num_pieces]]
 
 
+def sentence_windows(sentence: np.ndarray, window: int, stride: int, context: int):
+    """Windows of whole sentences: (starts, ends, owner) over a doc's pieces.
+
+    Each sentence gets a window of its own, with up to `context` pieces of the text
+    on each side (fewer where the window would pass `window` pieces); its pieces
+    take their vectors from it. A sentence longer than `window` is cut into
+    windows every `stride` pieces, as any long text is.
+    """
+    n = len(sentence)
+    cuts = np.flatnonzero(np.diff(sentence)) + 1
+    starts: List[int] = []
+    ends: List[int] = []
+    owner = np.zeros(n, dtype=np.int64)
+    for a, b in zip(np.r_[0, cuts], np.r_[cuts, n]):
+        length = int(b - a)
+        if length > window:
+            sub = window_starts(length, window, stride)
+            owner[a:b] = len(starts) + assign_windows(length, sub, window)
+            starts.extend(int(a + s) for s in sub)
+            ends.extend(int(min(a + s + window, b)) for s in sub)
+        else:
+            reach = min(context, (window - length) // 2)
+            owner[a:b] = len(starts)
+            starts.append(int(max(0, a - reach)))
+            ends.append(int(min(n, b + reach)))
+    return np.asarray(starts, dtype=np.int64), np.asarray(ends, dtype=np.int64), owner
+
+
 def plan_batch(
     docs: Sequence[Doc],
     tokenizer,
@@ -189,11 +217,16 @@ def plan_batch(
     max_batch_pieces: int,
     pad_id: int = 0,
     sentence_scopes: bool = False,
+    by_sentence: bool = False,
+    context: int = 0,
 ) -> PieceBatch:
     """Tokenize, align, window and pack `docs` for one pass of the decoder.
 
     With `sentence_scopes`, each piece's scope is its sentence (where the Doc has
     sentence boundaries), so unmasked layers look right only within a sentence.
+    With `by_sentence`, a Doc with sentence boundaries is read a sentence per
+    window, with `context` pieces on each side (`sentence_windows`); other Docs
+    are cut every `stride` pieces into windows of `window`.
     """
     texts = [doc.text for doc in docs]
     encoded = tokenizer(
@@ -205,19 +238,24 @@ def plan_batch(
     for d, doc in enumerate(docs):
         ids = np.asarray(encoded["input_ids"][d], dtype=np.int64)
         offsets = np.asarray(encoded["offset_mapping"][d], dtype=np.int64).reshape(-1, 2)
-        starts = window_starts(len(ids), window, stride) if len(ids) else np.zeros(0, dtype=np.int64)
-        owner = assign_windows(len(ids), starts, window) if len(ids) else np.zeros(0, dtype=np.int64)
         token_starts = np.fromiter((t.idx for t in doc), dtype=np.int64, count=len(doc))
         token_ends = token_starts + np.fromiter((len(t.text) for t in doc), dtype=np.int64, count=len(doc))
         first, last = align_pieces(token_starts, token_ends, offsets[:, 0], offsets[:, 1])
-        if sentence_scopes:
-            sentence = piece_sentences(doc, first, last, len(ids))
+        sentence = piece_sentences(doc, first, last, len(ids)) if sentence_scopes or by_sentence else None
+        if by_sentence and len(ids) and sentence[-1] > 0:
+            starts, ends, owner = sentence_windows(sentence, window, stride, context)
+        elif len(ids):
+            starts = window_starts(len(ids), window, stride)
+            ends = np.minimum(starts + window, len(ids))
+            owner = assign_windows(len(ids), starts, window)
         else:
+            starts = ends = owner = np.zeros(0, dtype=np.int64)
+        if not sentence_scopes:
             sentence = np.zeros(len(ids), dtype=np.int64)
         first_window = len(windows)
-        for start in starts:
-            windows.append(ids[start : start + window])
-            local = sentence[start : start + window]
+        for start, end in zip(starts, ends):
+            windows.append(ids[start:end])
+            local = sentence[start:end]
             window_scopes.append(local - local[0] if len(local) else local)
         doc_piece_window.append((first_window, starts, owner, first, last))
 
