@@ -50,7 +50,7 @@ def main(argv=None) -> int:
     overrides = {}
     for item in args.override:
         key, value = item.split("=", 1)
-        overrides[key] = int(value) if value.isdigit() else value
+        overrides[key] = int(value) if value.isdigit() else {"true": True, "false": False}.get(value, value)
     nlp = spacy.load(args.pipeline, config={"components": {"ner": {"model": {"tok2vec": overrides}}}} if overrides else {})
     if args.sents == "sentencizer" and "sentencizer" not in nlp.pipe_names:
         nlp.add_pipe("sentencizer", first=True)
