@@ -54,6 +54,8 @@ def test_sentence_windows_read_each_sentence_alone_or_with_its_context(tiny_dirs
     a, b = alone.predict(docs)
     np.testing.assert_allclose(a[:5], alone.predict([nlp.make_doc(first)])[0], atol=1e-5)  # as if alone
     np.testing.assert_allclose(a[5:], b[4:], atol=1e-5)  # the second sentence never sees the first
+    # ...and is read exactly as it would be alone (tokenized alone: no leading-space piece)
+    np.testing.assert_allclose(a[5:], alone.predict([nlp.make_doc(second)])[0], atol=1e-5)
     with_context = model(sentence_context=4)
     a, b = with_context.predict(docs)
     assert np.abs(a[5:] - b[4:]).max() > 1e-4  # with context it reads the end of the first

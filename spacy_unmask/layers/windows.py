@@ -179,6 +179,13 @@ def piece_sentences(doc: Doc, token_first: np.ndarray, token_last: np.ndarray, n
     return marks[next_marked[:num_pieces]]
 
 
+def sentence_texts(doc: Doc) -> List[tuple]:
+    """(start character, text) of each sentence; the whole text where the Doc has no sentence boundaries."""
+    if not doc.has_annotation("SENT_START") or len(doc) == 0:
+        return [(0, doc.text)]
+    return [(sent.start_char, sent.text) for sent in doc.sents]
+
+
 def sentence_windows(sentence: np.ndarray, window: int, stride: int, context: int):
     """Windows of whole sentences: (starts, ends, owner) over a doc's pieces.
 
@@ -228,21 +235,36 @@ def plan_batch(
     window, with `context` pieces on each side (`sentence_windows`); other Docs
     are cut every `stride` pieces into windows of `window`.
     """
-    texts = [doc.text for doc in docs]
+    # Read by sentence, a Doc's sentences are tokenized one by one, as each would be
+    # alone (a sentence-initial word gets no leading-space piece it never had in
+    # training); the whitespace between them is not read.
+    pieces_of = [sentence_texts(doc) if by_sentence else [(0, doc.text)] for doc in docs]
     encoded = tokenizer(
-        texts, add_special_tokens=False, return_offsets_mapping=True, return_attention_mask=False
+        [text for parts in pieces_of for _, text in parts],
+        add_special_tokens=False,
+        return_offsets_mapping=True,
+        return_attention_mask=False,
     )
     windows = []  # the pieces of each window
     window_scopes = []  # the sentence number of each piece of each window, from 0
     doc_piece_window: List[tuple] = []
-    for d, doc in enumerate(docs):
-        ids = np.asarray(encoded["input_ids"][d], dtype=np.int64)
-        offsets = np.asarray(encoded["offset_mapping"][d], dtype=np.int64).reshape(-1, 2)
+    text_index = 0
+    for doc, parts in zip(docs, pieces_of):
+        ids, offsets, part_of = [], [], []
+        for number, (start_char, _) in enumerate(parts):
+            ids.append(np.asarray(encoded["input_ids"][text_index], dtype=np.int64))
+            offsets.append(np.asarray(encoded["offset_mapping"][text_index], dtype=np.int64).reshape(-1, 2) + start_char)
+            part_of.append(np.full(len(ids[-1]), number, dtype=np.int64))
+            text_index += 1
+        ids, offsets, part_of = np.concatenate(ids), np.concatenate(offsets), np.concatenate(part_of)
         token_starts = np.fromiter((t.idx for t in doc), dtype=np.int64, count=len(doc))
         token_ends = token_starts + np.fromiter((len(t.text) for t in doc), dtype=np.int64, count=len(doc))
         first, last = align_pieces(token_starts, token_ends, offsets[:, 0], offsets[:, 1])
-        sentence = piece_sentences(doc, first, last, len(ids)) if sentence_scopes or by_sentence else None
-        if by_sentence and len(ids) and sentence[-1] > 0:
+        if by_sentence:
+            sentence = part_of
+        else:
+            sentence = piece_sentences(doc, first, last, len(ids)) if sentence_scopes else None
+        if len(parts) > 1:
             starts, ends, owner = sentence_windows(sentence, window, stride, context)
         elif len(ids):
             starts = window_starts(len(ids), window, stride)
