@@ -32,6 +32,14 @@ def regroup(docs, group: str, vocab):
     return [Doc.from_docs(sentences[i : i + size], ensure_whitespace=True) for i in range(0, len(sentences), size)]
 
 
+def copy_sentence_starts(reference, predicted) -> None:
+    """The reference's sentence starts on the predicted Doc, matched by character offset
+    (spaCy's tokenizer may cut the text into other tokens than the corpus did)."""
+    starts = {token.idx for token in reference if token.is_sent_start}
+    for i, token in enumerate(predicted):
+        token.is_sent_start = i == 0 or token.idx in starts
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("pipeline", type=Path)
@@ -66,8 +74,7 @@ def main(argv=None) -> int:
         for doc in gold:
             predicted = nlp.make_doc(doc.text)
             if args.sents == "gold":
-                for token, ref in zip(predicted, doc):
-                    token.is_sent_start = ref.is_sent_start
+                copy_sentence_starts(doc, predicted)
             examples.append(Example(predicted, doc))
         start = time.perf_counter()
         scores = nlp.evaluate(examples)
