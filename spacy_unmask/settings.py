@@ -35,8 +35,11 @@ class BackboneSettings:
     """How far right an unmasked layer looks: "sentence" (to the end of the token's own
     sentence, where the Doc has sentence boundaries; the left context is the whole
     window, as in a causal layer) or "window" (the whole window both ways)."""
-    lookahead: int = 0
-    """At most this many pieces an unmasked layer sees on the right (within its scope); 0: no cap."""
+    lookahead: int = 16
+    """At most this many pieces an unmasked layer sees on the right (within its scope); 0: no
+    cap. It holds per layer (the layers on top see further: L layers reach L x lookahead). A model fine-tuned on sentences has only seen short right contexts: uncapped, it
+    falls apart on whole documents (CoNLL-2003 dev, Gemma 3 270M: 92.3 F1 on sentences,
+    60.4 on articles); capped at 16 pieces it keeps 91.4 on articles and 92.5 on sentences."""
     pooling: str = "first"
     """How a token's pieces become one vector: "first", "last", "mean"."""
     finetune: str = "lora"
