@@ -67,7 +67,11 @@ def main(argv=None) -> int:
     docs = list(DocBin().from_disk(args.data).get_docs(nlp.vocab))
     if args.limit:
         docs = docs[: args.limit]
-    results = {"pipeline": str(args.pipeline), "data": str(args.data), "overrides": overrides, "sents": args.sents, "groups": {}}
+    from spacy_unmask import get_backbone
+
+    settings = get_backbone(nlp).settings.to_dict()
+    results = {"pipeline": str(args.pipeline), "data": str(args.data), "overrides": overrides, "sents": args.sents,
+               "settings": settings, "groups": {}}
     for group in args.groups.split(","):
         gold = regroup(docs, group, nlp.vocab)
         examples = []
