@@ -99,6 +99,7 @@ def test_speed_command_runs_the_bench_with_arguments_it_takes(project_copy):
     args = parser.parse_args(words[4:])  # exits, failing the test, on an argument the bench lacks
     assert str(args.data) == "corpus/ncbi_disease/test.spacy" and args.data.as_posix() in speed["deps"]
     assert str(args.output) == "metrics/bench/gemma3-ncbi_disease.json" == speed["outputs"][0]
+    assert str(args.pipeline) == "training/ncbi_disease/gemma3-all/model-best" and str(args.pipeline) in speed["deps"]
 
 
 def test_conll_assets_are_checked_and_never_committed():
