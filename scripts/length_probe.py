@@ -32,6 +32,15 @@ def regroup(docs, group: str, vocab):
     return [Doc.from_docs(sentences[i : i + size], ensure_whitespace=True) for i in range(0, len(sentences), size)]
 
 
+def input_doc(nlp, reference):
+    """The pipeline's input for a gold Doc: its tokens and spaces, as `spacy evaluate`
+    reads a corpus converted from token-per-line files (no recorded spaces), so that the
+    figures here equal `spacy evaluate`'s for the same Docs."""
+    from spacy.tokens import Doc
+
+    return Doc(nlp.vocab, words=[t.text for t in reference], spaces=[bool(t.whitespace_) for t in reference])
+
+
 def copy_sentence_starts(reference, predicted) -> None:
     """The reference's sentence starts on the predicted Doc, matched by character offset
     (spaCy's tokenizer may cut the text into other tokens than the corpus did)."""
@@ -76,7 +85,7 @@ def main(argv=None) -> int:
         gold = regroup(docs, group, nlp.vocab)
         examples = []
         for doc in gold:
-            predicted = nlp.make_doc(doc.text)
+            predicted = input_doc(nlp, doc)
             if args.sents == "gold":
                 copy_sentence_starts(doc, predicted)
             examples.append(Example(predicted, doc))
