@@ -4,7 +4,7 @@ The same text and entities are scored with different Doc boundaries: each Doc of
 the corpus (one sentence, or a document with its sentence boundaries kept) is
 regrouped into Docs of N consecutive sentences (N = 1, 2, 4, 10, or "doc": as
 converted). Backbone settings can be overridden as at `spacy.load` time
-(window, stride, unmask_scope); `--sents` says where the pipeline's sentence
+(window, stride, lookahead, sentence_windows); `--sents` says where the pipeline's sentence
 boundaries come from: "gold" (the corpus's, copied onto the input Doc),
 "sentencizer" (spaCy's rule-based one, added before the NER component) or
 "none". Also reports the error rate of tokens by their distance (in pieces)
@@ -54,7 +54,7 @@ def main(argv=None) -> int:
     parser.add_argument("pipeline", type=Path)
     parser.add_argument("data", type=Path, help=".spacy file with sentence boundaries (convert_corpus.py --group docs)")
     parser.add_argument("--groups", default="1,2,4,10,doc", help="sentences per Doc to score, comma-separated; 'doc' = as converted")
-    parser.add_argument("--override", action="append", default=[], help="backbone setting=value (window, stride, unmask_scope)")
+    parser.add_argument("--override", action="append", default=[], help="backbone setting=value (window, stride, lookahead, sentence_windows)")
     parser.add_argument("--sents", choices=("gold", "sentencizer", "none"), default="gold")
     parser.add_argument("--limit", type=int, default=0, help="first N docs of the file (0: all)")
     parser.add_argument("--output", type=Path)

@@ -58,7 +58,7 @@ class Backbone(nn.Module):
 
     Padding is masked in every layer; a layer listed in `settings.unmask` attends
     to both sides (within its sliding window, if it has one; to the right only
-    within the token's sentence with `unmask_scope = "sentence"`); other layers
+    up to `lookahead` pieces to the right); other layers
     stay causal. `forward` takes a `PieceBatch` (see `plan`) and returns one
     (tokens, hidden size) tensor per doc.
     """
@@ -149,7 +149,6 @@ class Backbone(nn.Module):
             bos_id=self.bos_id,
             max_batch_pieces=s.max_batch_pieces,
             pad_id=self.pad_id,
-            sentence_scopes=s.unmask_scope == "sentence",
             by_sentence=s.sentence_windows,
             context=s.sentence_context,
         )
@@ -157,9 +156,8 @@ class Backbone(nn.Module):
     def forward(self, batch: PieceBatch) -> List[torch.Tensor]:
         device = self.device
         tables = []
-        for ids, segments, scopes in batch.sub_batches:
-            as_tensor = lambda a: torch.from_numpy(a).to(device)
-            hidden = self.hidden_states(as_tensor(ids), as_tensor(segments), as_tensor(scopes))
+        for ids, segments in batch.sub_batches:
+            hidden = self.hidden_states(torch.from_numpy(ids).to(device), torch.from_numpy(segments).to(device))
             tables.append(hidden.reshape(-1, hidden.shape[-1]))
         if not tables:
             return [torch.zeros(n, self.hidden_size, device=device) for n in batch.lengths]
@@ -172,21 +170,19 @@ class Backbone(nn.Module):
             return self(batch)
 
     def hidden_states(
-        self, input_ids: torch.Tensor, segments: torch.Tensor, scopes: Optional[torch.Tensor] = None
+        self, input_ids: torch.Tensor, segments: torch.Tensor
     ) -> torch.Tensor:
         """Last hidden states (batch, length, width) of the masked decoder.
 
         `segments` (batch, length) says which pieces form one sequence: equal
         positive ids, contiguous; 0 is padding (see `masks.build_layer_masks`).
-        Each sequence gets positions from 0 and sees only itself. `scopes`
-        limits what unmasked layers see on the right.
+        Each sequence gets positions from 0 and sees only itself.
         """
         dtype = self.model.get_input_embeddings().weight.dtype
         masks = build_layer_masks(
             segments,
             self.unmasked,
             self.windows,
-            scopes=scopes,
             lookahead=self.settings.lookahead,
             additive_dtype=(self.compute_dtype or dtype) if self.additive else None,
         )

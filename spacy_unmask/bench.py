@@ -104,7 +104,7 @@ def run(args) -> int:
         "pipeline": str(args.pipeline) if args.pipeline else None,
         "dtype": str(compute_dtype or torch.float32).replace("torch.", ""),
         "unmask": unmask,
-        "unmask_scope": settings.unmask_scope,
+        "lookahead": settings.lookahead,
         "device": str(device),
         "docs": len(texts),
         "words": words,

@@ -134,7 +134,6 @@ def build_layer_masks(
     unmasked: Sequence[bool],
     windows: Sequence[Optional[int]],
     *,
-    scopes=None,
     lookahead: int = 0,
     additive_dtype=None,
 ) -> list:
@@ -143,12 +142,9 @@ def build_layer_masks(
     `segments` is (batch, length): pieces with the same positive id form one
     sequence (several short docs can share a row), 0 marks padding; a 0/1
     padding mask is the case of one sequence per row. A piece attends only to
-    pieces of its own sequence and, in every layer, to every piece on its left.
-    In an unmasked layer it also sees the pieces on its right that share its
-    scope: `scopes` (batch, length) gives each piece a scope id (its sentence,
-    with `unmask_scope = "sentence"`); None means one scope per sequence, i.e.
-    the whole sequence both ways. `lookahead` > 0 also caps how many pieces an
-    unmasked layer sees on the right. A sliding layer hides keys at distance >=
+    pieces of its own sequence and, in every layer, to every piece on its left;
+    in an unmasked layer also to the pieces on its right, at most `lookahead` of
+    them (0: all). A sliding layer hides keys at distance >=
     window (on both sides when unmasked). Each query may always see itself, so no
     row is empty (an empty row gives NaN in SDPA). Masks are boolean (True =
     attend) unless `additive_dtype` is given, for eager attention, which adds
@@ -162,10 +158,7 @@ def build_layer_masks(
     offset = pos[:, None] - pos[None, :]  # query - key; sequences are contiguous
     same = (segments[:, None, :, None] == segments[:, None, None, :]) & (segments[:, None, None, :] > 0)
     left = offset >= 0
-    if scopes is None:
-        seen_both_ways = same
-    else:
-        seen_both_ways = same & ((scopes[:, None, :, None] == scopes[:, None, None, :]) | left)
+    seen_both_ways = same
     if lookahead:
         seen_both_ways = seen_both_ways & (offset >= -lookahead)
     diagonal = torch.eye(length, dtype=torch.bool, device=device)

@@ -15,7 +15,6 @@ from typing import List
 from .masks import UnmaskSpec, parse_unmask
 
 POOLING = ("first", "last", "mean")
-UNMASK_SCOPES = ("window", "sentence")
 FINETUNE_MODES = ("lora", "frozen", "full")
 SAVE_MODES = ("full", "adapter")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -31,12 +30,8 @@ class BackboneSettings:
     ("smollm2-135m", "gemma3-270m")."""
     unmask: str = "all"
     """Which layers attend both ways: "none", "all", "middle", "16-29", "0-3,10", "groups:0011"."""
-    unmask_scope: str = "window"
-    """How far right an unmasked layer looks: "sentence" (to the end of the token's own
-    sentence, where the Doc has sentence boundaries; the left context is the whole
-    window, as in a causal layer) or "window" (the whole window both ways)."""
     lookahead: int = 16
-    """At most this many pieces an unmasked layer sees on the right (within its scope); 0: no
+    """At most this many pieces an unmasked layer sees on the right (within its window); 0: no
     cap. It holds per layer (the layers on top see further: L layers reach L x lookahead). A model fine-tuned on sentences has only seen short right contexts: uncapped, it
     falls apart on whole documents (CoNLL-2003 dev, Gemma 3 270M: 92.3 F1 on sentences,
     60.4 on articles); capped at 16 pieces it keeps 91.4 on articles and 92.5 on sentences."""
@@ -88,7 +83,6 @@ class BackboneSettings:
         self.unmask_spec  # parses the spec: a grammar error names the spec
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"name {self.name!r}: give a Hugging Face id, a directory or a .gguf file")
-        _one_of("unmask_scope", self.unmask_scope, UNMASK_SCOPES)
         _one_of("pooling", self.pooling, POOLING)
         _one_of("finetune", self.finetune, FINETUNE_MODES)
         _one_of("save_mode", self.save_mode, SAVE_MODES)

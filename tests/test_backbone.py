@@ -201,32 +201,6 @@ def test_a_layer_without_its_mask_fails_loudly(tiny_dirs):
         backbone.model(input_ids=ids, attention_mask=torch.ones_like(ids))
 
 
-def test_sentence_scope_looks_right_only_within_the_sentence(tiny_dirs):
-    name = tiny_dirs("llama", "metaspace")
-    scoped = tok2vec(name, "all", unmask_scope="sentence")
-    whole = tok2vec(name, "all", unmask_scope="window")
-
-    def doc(text, sent_starts):
-        d = nlp.make_doc(text)
-        for token, start in zip(d, sent_starts):
-            token.is_sent_start = start
-        return d
-
-    first = "Peter Blackburn visited Brussels ."
-    texts = [first + " EU rejects German lamb .", first + " Paris said no ."]
-    docs = [doc(t, [i in (0, 5) for i in range(len(nlp.make_doc(t)))]) for t in texts]
-    a, b = scoped.predict(docs)
-    np.testing.assert_allclose(a[:5], b[:5], atol=1e-5)  # the first sentence never sees the second
-    (alone,) = scoped.predict([nlp.make_doc(first)])
-    np.testing.assert_allclose(a[:5], alone, atol=1e-5)  # ...so it is as if it stood alone
-    assert np.abs(a[5] - vectors(scoped, "EU rejects German lamb .")[0][0]).max() > 1e-4  # the second sees the first
-    wa, wb = whole.predict(docs)
-    assert np.abs(wa[:5] - wb[:5]).max() > 1e-4  # with the window scope it does see the second
-    # Without sentence boundaries the sentence scope is the window scope.
-    plain = nlp.make_doc(texts[0])
-    np.testing.assert_allclose(scoped.predict([plain])[0], whole.predict([plain])[0], atol=1e-6)
-
-
 def test_num_layers_keeps_the_first_layers_only(tiny_dirs):
     name = tiny_dirs("llama", "metaspace")
     short = get_backbone(tok2vec(name, "all", num_layers=2))

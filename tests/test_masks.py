@@ -135,14 +135,11 @@ def test_packed_sequences_never_see_each_other():
     assert segment_positions(segments).tolist() == [[0, 1, 2, 0, 1, 0]]
 
 
-def test_scopes_and_lookahead_limit_the_right_context_of_unmasked_layers_only():
+def test_lookahead_limits_the_right_context_of_unmasked_layers_only():
     segments = torch.tensor([[1, 1, 1, 1, 1, 1, 0]])
-    scopes = torch.tensor([[1, 1, 1, 2, 2, 2, 0]])  # two sentences
-    causal, both = build_layer_masks(segments, [False, True], [None, None], scopes=scopes)
-    assert both[0, 0, 1].tolist() == [True, True, True, False, False, False, False]  # right: own sentence only
-    assert both[0, 0, 4].tolist() == [True, True, True, True, True, True, False]  # left: everything
+    causal, capped = build_layer_masks(segments, [False, True], [None, None], lookahead=2)
+    assert capped[0, 0, 1].tolist() == [True, True, True, True, False, False, False]  # 2 to the right
+    assert capped[0, 0, 5].tolist() == [True, True, True, True, True, True, False]  # the whole left
     assert causal[0, 0, 1].tolist() == [True, True, False, False, False, False, False]
-    (capped,) = build_layer_masks(segments, [True], [None], lookahead=1)
-    assert capped[0, 0, 2].tolist() == [True, True, True, True, False, False, False]
-    (both_limits,) = build_layer_masks(segments, [True], [None], scopes=scopes, lookahead=1)
-    assert both_limits[0, 0, 2].tolist() == [True, True, True, False, False, False, False]
+    (windowed,) = build_layer_masks(segments, [True], [3], lookahead=1)  # and a sliding window
+    assert windowed[0, 0, 3].tolist() == [False, True, True, True, True, False, False]

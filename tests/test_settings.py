@@ -30,7 +30,8 @@ def test_config_fills_defaults_from_the_settings():
     "setting,value,fragment",
     [
         ("unmask", "sideways", "Invalid unmask spec 'sideways'"),
-        ("unmask_scope", "doc", "unmask_scope 'doc' is not supported; accepted: window, sentence"),
+        ("lookahead", -1, "lookahead -1"),
+        ("sentence_windows", "yes", "sentence_windows 'yes': must be true or false"),
         ("pooling", "max", "pooling 'max' is not supported; accepted: first, last, mean"),
         ("finetune", "qlora", "finetune 'qlora' is not supported"),
         ("lora_r", 0, "lora_r 0: must be a positive integer"),

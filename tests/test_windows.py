@@ -12,12 +12,12 @@ nlp = spacy.blank("en")
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("unmask,scope", [("all", "window"), ("all", "sentence"), ("none", "window")])
-def test_vectors_do_not_depend_on_where_the_doc_is_cut(tiny_dirs, family, unmask, scope):
+@pytest.mark.parametrize("unmask,lookahead", [("all", 0), ("all", 3), ("none", 0)])
+def test_vectors_do_not_depend_on_where_the_doc_is_cut(tiny_dirs, family, unmask, lookahead):
     """The same text cut into windows at other places (a prefix of a multiple of the stride
     shifts every cut): tokens whose window holds the same pieces get the same vectors, so
     positions restart, BOS and the masks are exact. Each window runs alone (max_batch_pieces=1)."""
-    model = DecoderTok2Vec(name=tiny_dirs(family, "metaspace"), unmask=unmask, unmask_scope=scope, window=WINDOW,
+    model = DecoderTok2Vec(name=tiny_dirs(family, "metaspace"), unmask=unmask, lookahead=lookahead, window=WINDOW,
                            stride=STRIDE, max_batch_pieces=1, finetune="frozen", dtype="float32",
                            attn_implementation="eager" if family == "gemma2" else "sdpa")
     model.initialize()

@@ -24,7 +24,7 @@ def DecoderTok2Vec(**settings) -> Model[List[Doc], List[Floats2d]]:
     """A decoder LLM with a per-layer causal mask, as a tok2vec layer.
 
     Takes the fields of `spacy_unmask.settings.BackboneSettings`, where each
-    is documented (name, unmask, unmask_scope, pooling, finetune, lora_*,
+    is documented (name, unmask, lookahead, pooling, finetune, lora_*,
     num_layers, window, stride, max_batch_pieces, dtype, attn_implementation,
     gradient_checkpointing, save_mode, trust_remote_code).
     """

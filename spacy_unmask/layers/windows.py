@@ -18,11 +18,9 @@ from spacy.tokens import Doc
 class PieceBatch:
     """The decoder inputs for a list of docs, and where each token's pieces land.
 
-    `sub_batches` holds (ids, segments, scopes) int64 arrays of shape (rows,
-    length): each row packs one or more windows, told apart by `segments` (see
-    `masks.build_layer_masks`; 0 is padding); `scopes` gives each piece the id
-    of the span it sees both ways in unmasked layers (its sentence, or its whole
-    window), unique within the row. Rows of all sub-batches,
+    `sub_batches` holds (ids, segments) int64 arrays of shape (rows, length):
+    each row packs one or more windows, told apart by `segments` (see
+    `masks.build_layer_masks`; 0 is padding). Rows of all sub-batches,
     flattened and concatenated, form one table
     of piece positions; `token_first[d]` / `token_last[d]` give, for each token
     of doc d, the table rows of its first and last piece (-1: no piece).
@@ -97,17 +95,14 @@ def pack_windows(
     bos_id,
     pad_id: int,
     max_batch_pieces: int,
-    window_scopes: Optional[List[np.ndarray]] = None,
 ) -> np.ndarray:
     """Pack windows into rows as long as the longest window; fill `batch.sub_batches`.
 
     Longest first, each window goes into the first row with room (first-fit
     decreasing), so a row holds several short docs and almost nothing is
     padding. Each window is its own sequence in the row (its own segment id,
-    positions from 0, BOS first where the model uses one). `window_scopes`
-    gives each piece of a window a scope number (0, 1, ... by sentence; None:
-    one scope per window); BOS shares the scope of the first piece. A
-    sub-batch holds at most `max_batch_pieces` pieces (at least one row).
+    positions from 0, BOS first where the model uses one). A sub-batch holds at
+    most `max_batch_pieces` pieces (at least one row).
     Returns, for each window, the table row of its first content piece.
     """
     extra = 0 if bos_id is None else 1
@@ -135,48 +130,17 @@ def pack_windows(
         length = int(used[first : rows.stop].max())
         ids = np.full((len(rows), length), pad_id, dtype=np.int64)
         segments = np.zeros((len(rows), length), dtype=np.int64)
-        scopes = np.zeros((len(rows), length), dtype=np.int64)
         for r, row in enumerate(rows):
-            next_scope = 1
             for segment, w in enumerate(members[row], start=1):
                 col = col_of[w]
                 if extra:
                     ids[r, col] = bos_id
                 ids[r, col + extra : col + lengths[w]] = windows[w]
                 segments[r, col : col + lengths[w]] = segment
-                local = window_scopes[w] if window_scopes is not None else np.zeros(len(windows[w]), dtype=np.int64)
-                if len(local):
-                    scopes[r, col + extra : col + lengths[w]] = next_scope + local
-                    scopes[r, col] = next_scope + local[0]
-                    next_scope += int(local.max()) + 1
                 window_row[w] = offset + r * length + col + extra
-        batch.sub_batches.append((ids, segments, scopes))
+        batch.sub_batches.append((ids, segments))
         offset += len(rows) * length
     return window_row
-
-
-def piece_sentences(doc: Doc, token_first: np.ndarray, token_last: np.ndarray, num_pieces: int) -> np.ndarray:
-    """The sentence number of each piece (all 0 where the Doc has no sentence boundaries).
-
-    A piece takes the sentence of the token it belongs to; a piece of no token
-    (whitespace) takes the sentence of the next token, as the whitespace before
-    a sentence belongs to it.
-    """
-    if num_pieces == 0 or not doc.has_annotation("SENT_START"):
-        return np.zeros(num_pieces, dtype=np.int64)
-    sent_starts = doc.to_array("SENT_START") == 1
-    sent_starts[:1] = True
-    token_sentence = np.cumsum(sent_starts) - 1
-    marks = np.full(num_pieces + 1, -1, dtype=np.int64)
-    marks[-1] = max(int(token_sentence[-1]), 0) if len(doc) else 0
-    has = token_first >= 0
-    spans = (token_last - token_first + 1) * has
-    pieces = np.repeat(token_first, spans) + (np.arange(spans.sum()) - np.repeat(np.cumsum(spans) - spans, spans))
-    marks[pieces] = np.repeat(np.maximum(token_sentence, 0), spans)
-    # Back-fill: each unmarked piece takes the mark of the next marked one.
-    index = np.where(marks >= 0, np.arange(num_pieces + 1), num_pieces + 1)
-    next_marked = np.minimum.accumulate(index[::-1])[::-1]
-    return marks[next_marked[:num_pieces]]
 
 
 def sentence_texts(doc: Doc) -> List[tuple]:
@@ -223,14 +187,11 @@ def plan_batch(
     bos_id: Optional[int],
     max_batch_pieces: int,
     pad_id: int = 0,
-    sentence_scopes: bool = False,
     by_sentence: bool = False,
     context: int = 0,
 ) -> PieceBatch:
     """Tokenize, align, window and pack `docs` for one pass of the decoder.
 
-    With `sentence_scopes`, each piece's scope is its sentence (where the Doc has
-    sentence boundaries), so unmasked layers look right only within a sentence.
     With `by_sentence`, a Doc with sentence boundaries is read a sentence per
     window, with `context` pieces on each side (`sentence_windows`); other Docs
     are cut every `stride` pieces into windows of `window`.
@@ -246,7 +207,6 @@ def plan_batch(
         return_attention_mask=False,
     )
     windows = []  # the pieces of each window
-    window_scopes = []  # the sentence number of each piece of each window, from 0
     doc_piece_window: List[tuple] = []
     text_index = 0
     for doc, parts in zip(docs, pieces_of):
@@ -260,29 +220,21 @@ def plan_batch(
         token_starts = np.fromiter((t.idx for t in doc), dtype=np.int64, count=len(doc))
         token_ends = token_starts + np.fromiter((len(t.text) for t in doc), dtype=np.int64, count=len(doc))
         first, last = align_pieces(token_starts, token_ends, offsets[:, 0], offsets[:, 1])
-        if by_sentence:
-            sentence = part_of
-        else:
-            sentence = piece_sentences(doc, first, last, len(ids)) if sentence_scopes else None
         if len(parts) > 1:
-            starts, ends, owner = sentence_windows(sentence, window, stride, context)
+            starts, ends, owner = sentence_windows(part_of, window, stride, context)
         elif len(ids):
             starts = window_starts(len(ids), window, stride)
             ends = np.minimum(starts + window, len(ids))
             owner = assign_windows(len(ids), starts, window)
         else:
             starts = ends = owner = np.zeros(0, dtype=np.int64)
-        if not sentence_scopes:
-            sentence = np.zeros(len(ids), dtype=np.int64)
         first_window = len(windows)
         for start, end in zip(starts, ends):
             windows.append(ids[start:end])
-            local = sentence[start:end]
-            window_scopes.append(local - local[0] if len(local) else local)
         doc_piece_window.append((first_window, starts, owner, first, last))
 
     batch = PieceBatch()
-    window_row = pack_windows(batch, windows, bos_id, pad_id, max_batch_pieces, window_scopes)
+    window_row = pack_windows(batch, windows, bos_id, pad_id, max_batch_pieces)
     pairs_token, pairs_row = [], []
     token_offset = 0
     for doc, (first_window, starts, owner, first, last) in zip(docs, doc_piece_window):
