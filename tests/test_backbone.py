@@ -187,7 +187,7 @@ def test_short_docs_share_rows_and_keep_their_own_vectors(tiny_dirs):
     model = tok2vec(tiny_dirs("llama", "metaspace"), "all")
     docs = [nlp(t) for t in (SENTENCE, "EU rejects German call", "Peter", CHANGED, "Brussels")]
     batch = get_backbone(model).plan(docs)
-    assert sum(ids.shape[0] for ids, *_ in batch.sub_batches) < len(docs)  # short docs share rows
+    assert sum(ids.shape[0] for ids, _ in batch.sub_batches) < len(docs)  # short docs share rows
     together = model.predict(docs)
     for doc, vecs in zip(docs, together):
         np.testing.assert_allclose(vecs, model.predict([doc])[0], atol=1e-5)

@@ -313,7 +313,7 @@ def test_20000_token_doc_fully_processed(tiny, style):
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
         num_pieces = head_pieces + len(tokenizer(tail, add_special_tokens=False)["input_ids"])
-        windows = sum(int(segments.max(axis=1).sum()) for _, segments, _ in batch.sub_batches)
+        windows = sum(int(segments.max(axis=1).sum()) for _, segments in batch.sub_batches)
         assert windows == len(window_starts(num_pieces, WINDOW, STRIDE))
         # Planning is linear in the pieces (some 200 bytes each); a (pieces x windows) table
         # of int64 took 8 * 12,000 bytes per piece here, some 10 GiB.
