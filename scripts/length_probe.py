@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 
-def regroup(docs, group: str, vocab):
+def regroup(docs, group: str):
     """Docs of `group` consecutive sentences ("doc": unchanged), sentence starts and entities kept."""
     from spacy.tokens import Doc
 
@@ -82,7 +82,7 @@ def main(argv=None) -> int:
     results = {"pipeline": str(args.pipeline), "data": str(args.data), "overrides": overrides, "sents": args.sents,
                "settings": settings, "groups": {}}
     for group in args.groups.split(","):
-        gold = regroup(docs, group, nlp.vocab)
+        gold = regroup(docs, group)
         examples = []
         for doc in gold:
             predicted = input_doc(nlp, doc)
