@@ -26,7 +26,9 @@ Two modes:
     # a named corpus: its train/dev/test files to OUTPUT_DIR/{train,dev,test}.spacy and
     # the document-level copies OUTPUT_DIR/{train,dev,test}.doc.spacy (CoNLL-2003:
     # -DOCSTART- articles; NCBI-disease and BC5CDR, whose files mark no documents: 10
-    # consecutive sentences; WNUT-17's tweets stand alone, as they are)
+    # consecutive sentences; WNUT-17's tweets stand alone, as they are), and, where
+    # documents differ from sentences, OUTPUT_DIR/train.mix.spacy: the training sentences
+    # and documents together, so that a model learns from inputs of both lengths
     python scripts/convert_corpus.py preset wnut17 corpus/wnut17 --limit 200
 
 `--limit N` keeps the first N sentences (0 = all); in preset mode it applies to
@@ -287,7 +289,27 @@ def convert_preset(
                 group=how,
                 quiet=quiet,
             )
+    if preset.doc_group != "sentences":  # where documents differ from sentences
+        results["train.mix"] = write_mix(
+            [Path(output_dir) / "train.spacy", Path(output_dir) / "train.doc.spacy"],
+            Path(output_dir) / "train.mix.spacy",
+            quiet=quiet,
+        )
     return results
+
+
+def write_mix(inputs: List[Path], output_path: Path, *, quiet: bool = False) -> Dict[str, object]:
+    """Concatenate DocBins: one training file with inputs of several lengths."""
+    from spacy.tokens import DocBin
+
+    merged = DocBin(attrs=["ORTH", "ENT_IOB", "ENT_TYPE", "SENT_START"], store_user_data=False)
+    for path in inputs:
+        merged.merge(DocBin().from_disk(path))
+    merged.to_disk(output_path)
+    stats = {"inputs": [str(p) for p in inputs], "output": str(output_path), "docs": len(merged)}
+    if not quiet:
+        print(f"{' + '.join(stats['inputs'])} -> {output_path}: {len(merged)} docs")
+    return stats
 
 
 GROUP_HELP = (

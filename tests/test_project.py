@@ -200,6 +200,24 @@ def test_convert_preset_and_cli(tmp_path):
     assert [len(read_docs(out / f"{s}.spacy")) for s in ("train", "dev", "test")] == [1, 2, 4]
     with pytest.raises(SystemExit, match="copy-conll"):
         convert_corpus.convert_preset("conll03", out, root=tmp_path, quiet=True)
+    assert not (out / "train.mix.spacy").exists()  # tweets: the documents are the sentences
+
+
+def test_convert_preset_writes_sentences_documents_and_their_mix(tmp_path):
+    folder = tmp_path / "assets" / "conll2003"
+    folder.mkdir(parents=True)
+    for name in ("train.txt", "valid.txt", "test.txt"):
+        (folder / name).write_text(CONLL_LIKE, encoding="utf8")
+    out = tmp_path / "corpus"
+    convert_corpus.convert_preset("conll03", out, root=tmp_path, quiet=True)
+    sentences, articles = read_docs(out / "train.spacy"), read_docs(out / "train.doc.spacy")
+    assert (len(sentences), len(articles)) == (3, 2)
+    mix = read_docs(out / "train.mix.spacy")
+    assert [d.text for d in mix] == [d.text for d in sentences + articles]
+    assert [[(e.text, e.label_) for e in d.ents] for d in mix] == [
+        [(e.text, e.label_) for e in d.ents] for d in sentences + articles
+    ]
+    assert [t.is_sent_start for t in mix[3]] == [True, False, False, True, False]
 
 
 # --- timed.py, report.py -------------------------------------------------------------
