@@ -34,7 +34,7 @@ dropout = 0.1
 
 [model.tok2vec]
 @architectures = "spacy_unmask.DecoderTok2Vec.v1"
-name = "smollm2-135m"
+name = "gemma3-270m"
 unmask = "all"
 """
 
