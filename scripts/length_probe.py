@@ -7,9 +7,11 @@ converted). Backbone settings can be overridden as at `spacy.load` time
 (window, stride, lookahead, sentence_windows); `--sents` says where the pipeline's sentence
 boundaries come from: "gold" (the corpus's, copied onto the input Doc),
 "sentencizer" (spaCy's rule-based one, added before the NER component) or
-"none". Also reports the error rate of tokens by their distance (in pieces)
-from the nearest window cut, which separates a stitching fault from a span
-fault.
+"none". For each grouping it also reports the tag error rate of tokens (their
+BILUO tag differs from the gold one) by distance from the nearest window cut, in
+pieces (docs short enough for one window are "uncut"), and by distance from the
+nearest edge of the token's sentence, in tokens: errors that pile up next to
+cuts point at the stitching, errors spread evenly point at the model.
 
     python scripts/length_probe.py training/conll03/all/model-best corpus/conll03-doc/dev.spacy \\
         --groups 1,10,doc --override window=64 --override stride=32 --output metrics/x.json
@@ -19,6 +21,8 @@ import json
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
 
 
 def regroup(docs, group: str):
@@ -30,6 +34,72 @@ def regroup(docs, group: str):
     size = int(group)
     sentences = [sent.as_doc() for doc in docs for sent in doc.sents]
     return [Doc.from_docs(sentences[i : i + size], ensure_whitespace=True) for i in range(0, len(sentences), size)]
+
+
+EDGES = (0, 1, 2, 4, 8, 16, 32, 64)  # lower bounds of the distance buckets
+
+
+def bucket(distance: int) -> str:
+    """"0", "1", "2-3", "4-7", ... "64+" for a distance; "uncut" for -1."""
+    if distance < 0:
+        return "uncut"
+    low = max(edge for edge in EDGES if edge <= distance)
+    following = [edge for edge in EDGES if edge > low]
+    if not following:
+        return f"{low}+"
+    return str(low) if following[0] - low == 1 else f"{low}-{following[0] - 1}"
+
+
+def sentence_edge_distance(doc):
+    """Per token: tokens to the nearer edge of its sentence (0 = first or last token)."""
+    distance = np.zeros(len(doc), dtype=np.int64)
+    for sent in (doc.sents if doc.has_annotation("SENT_START") else [doc[:]]):
+        index = np.arange(sent.start, sent.end)
+        distance[sent.start : sent.end] = np.minimum(index - sent.start, sent.end - 1 - index)
+    return distance
+
+
+def window_cut_distance(doc, tokenizer, window: int, stride: int):
+    """Per token: pieces from its first piece to the nearest cut of the window it takes its
+    vector from, as the backbone windows running text (-1: the doc is not cut, or the
+    token has no piece). A window edge at the start or end of the doc is no cut."""
+    from spacy_unmask.layers.windows import align_pieces, assign_windows, window_starts
+
+    encoded = tokenizer(doc.text, add_special_tokens=False, return_offsets_mapping=True)
+    offsets = np.asarray(encoded["offset_mapping"], dtype=np.int64).reshape(-1, 2)
+    n = len(offsets)
+    starts_chars = np.fromiter((t.idx for t in doc), dtype=np.int64, count=len(doc))
+    ends_chars = starts_chars + np.fromiter((len(t.text) for t in doc), dtype=np.int64, count=len(doc))
+    first, _ = align_pieces(starts_chars, ends_chars, offsets[:, 0], offsets[:, 1])
+    if n <= window:
+        return np.full(len(doc), -1, dtype=np.int64)
+    starts = window_starts(n, window, stride)
+    start = starts[assign_windows(n, starts, window)][np.maximum(first, 0)]
+    far = np.iinfo(np.int64).max
+    left = np.where(start > 0, np.maximum(first, 0) - start, far)
+    right = np.where(start + window < n, start + window - 1 - np.maximum(first, 0), far)
+    return np.where(first >= 0, np.minimum(left, right), -1)
+
+
+def error_rates(examples, distances) -> dict:
+    """Tag error rate per distance bucket: {bucket: {"tokens", "errors", "rate"}}, buckets in order.
+
+    `distances` holds one array per example (one value per token); predicted and
+    reference Docs have the same tokens."""
+    counts = {}
+    for eg, distance in zip(examples, distances):
+        gold = [(t.ent_iob_, t.ent_type_) for t in eg.reference]
+        predicted = [(t.ent_iob_, t.ent_type_) for t in eg.predicted]
+        for d, g, p in zip(distance, gold, predicted):
+            row = counts.setdefault(bucket(int(d)), [0, 0])
+            row[0] += 1
+            row[1] += g != p
+    order = ["uncut"] + [bucket(edge) for edge in EDGES]
+    return {
+        name: {"tokens": counts[name][0], "errors": counts[name][1], "rate": round(counts[name][1] / counts[name][0], 4)}
+        for name in order
+        if name in counts
+    }
 
 
 def input_doc(nlp, reference):
@@ -78,7 +148,8 @@ def main(argv=None) -> int:
         docs = docs[: args.limit]
     from spacy_unmask import get_backbone
 
-    settings = get_backbone(nlp).settings.to_dict()
+    backbone = get_backbone(nlp)
+    settings = backbone.settings.to_dict()
     results = {"pipeline": str(args.pipeline), "data": str(args.data), "overrides": overrides, "sents": args.sents,
                "settings": settings, "groups": {}}
     for group in args.groups.split(","):
@@ -98,7 +169,12 @@ def main(argv=None) -> int:
             "ents_p": round(100 * scores["ents_p"], 2),
             "ents_r": round(100 * scores["ents_r"], 2),
             "words_per_second": round(sum(len(d) for d in gold) / seconds, 1),
+            "errors_by_sentence_edge": error_rates(examples, [sentence_edge_distance(eg.reference) for eg in examples]),
         }
+        if not backbone.settings.sentence_windows:
+            s = backbone.settings
+            cuts = [window_cut_distance(eg.predicted, backbone.tokenizer, s.window, s.stride) for eg in examples]
+            row["errors_by_window_cut"] = error_rates(examples, cuts)
         results["groups"][group] = row
         print(f"{group:>4} sentences/Doc: {row['docs']:5d} docs  F1 {row['ents_f']:6.2f}  P {row['ents_p']:6.2f}  R {row['ents_r']:6.2f}  {row['words_per_second']} words/s", flush=True)
     if args.output:
