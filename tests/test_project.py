@@ -190,12 +190,18 @@ def test_convert_rejects_bad_input_and_counts_iob2_errors(tmp_path):
     assert stats["invalid_iob2"] == 2 and stats["entities"] == 2  # read as starts, like spaCy's converters
 
 
-def test_convert_preset_and_cli(tmp_path):
-    folder = tmp_path / "assets" / "wnut17"
+def write_preset_files(root, corpus, text):
+    """The three split files of a preset corpus under root/assets, each holding `text`."""
+    preset = convert_corpus.PRESETS[corpus]
+    folder = root / preset.directory
     folder.mkdir(parents=True)
-    for name in ("wnut17train.conll", "emerging.dev.conll", "emerging.test.annotated"):
-        (folder / name).write_text(WNUT_LIKE, encoding="utf8")
-    out = tmp_path / "corpus"
+    for name in preset.splits.values():
+        (folder / name).write_text(text, encoding="utf8")
+    return root / "corpus"
+
+
+def test_convert_preset_and_cli(tmp_path):
+    out = write_preset_files(tmp_path, "wnut17", WNUT_LIKE)
     code = convert_corpus.main(["preset", "wnut17", str(out), "--limit", "1", "--dev-limit", "2", "--root", str(tmp_path)])
     assert code == 0
     assert [len(read_docs(out / f"{s}.spacy")) for s in ("train", "dev", "test")] == [1, 2, 4]
@@ -205,11 +211,7 @@ def test_convert_preset_and_cli(tmp_path):
 
 
 def test_convert_preset_writes_sentences_documents_and_their_mix(tmp_path):
-    folder = tmp_path / "assets" / "conll2003"
-    folder.mkdir(parents=True)
-    for name in ("train.txt", "valid.txt", "test.txt"):
-        (folder / name).write_text(CONLL_LIKE, encoding="utf8")
-    out = tmp_path / "corpus"
+    out = write_preset_files(tmp_path, "conll03", CONLL_LIKE)
     convert_corpus.convert_preset("conll03", out, root=tmp_path, quiet=True)
     sentences, articles = read_docs(out / "train.spacy"), read_docs(out / "train.doc.spacy")
     assert (len(sentences), len(articles)) == (3, 2)
