@@ -18,6 +18,7 @@ from torch import nn
 
 from .layers.pooling import pool_pieces
 from .layers.windows import PieceBatch, plan_batch
+from .fused import fuse_rms_norms
 from .loading import decoder_from_config, decoder_layers, load_config, load_decoder
 from .lora import apply_finetuning, merge_copies, restore
 from .masks import build_layer_masks, layer_windows, parse_unmask, segment_positions
@@ -80,6 +81,7 @@ class Backbone(nn.Module):
         self.windows = layer_windows(config)
         for index, layer in enumerate(decoder_layers(model)):
             layer.register_forward_pre_hook(partial(_use_layer_mask, index), with_kwargs=True)
+        fuse_rms_norms(model)
         # Decoders trained with a BOS piece (Llama, Gemma) expect it at the start of each window.
         probe = tokenizer("a", add_special_tokens=True)["input_ids"]
         self.bos_id = probe[0] if tokenizer.bos_token_id is not None and probe[0] == tokenizer.bos_token_id else None
