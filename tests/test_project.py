@@ -419,6 +419,8 @@ def test_all_workflow_end_to_end_on_a_tiny_model(tmp_path, tiny_dirs):
     metrics = json.loads((project / "metrics" / "wnut17" / "all.json").read_text())
     assert {"ents_f", "ents_p", "ents_r", "ents_per_type", "speed"} <= set(metrics)
     assert (project / "training" / "wnut17" / "all" / "model-best").is_dir()
+    curve = [json.loads(line) for line in (project / "metrics" / "wnut17" / "all.log.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in curve] == [0, 2, 4] and all("ents_f" in row["scores"] for row in curve)
     assert "F1" in result.stdout or "f1" in result.stdout.lower()
 
 

@@ -780,7 +780,7 @@ def write_train_config(root: Path, model_dir: str) -> Path:
     config["training"]["max_steps"] = 6
     config["training"]["eval_frequency"] = 3
     config["training"]["optimizer"]["learn_rate"]["warmup_steps"] = 1
-    config["training"]["logger"]["progress_bar"] = False
+    config["training"]["logger"]["progress_bar"] = None
     config.to_disk(root / "tiny.cfg")
     return root / "tiny.cfg"
 
