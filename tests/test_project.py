@@ -493,3 +493,30 @@ def test_length_probe_error_rates_count_wrong_tags_per_bucket():
         "0": {"tokens": 1, "errors": 1, "rate": 1.0},  # Peter missed
         "1": {"tokens": 2, "errors": 1, "rate": 0.5},  # Blackburn begins the entity instead of continuing it
     }
+
+
+def test_length_probe_scores_and_locates_errors_of_any_pipeline(tmp_path):
+    """A rule-based pipeline that finds every entity but one: F1 and the error rates say so."""
+    import spacy
+
+    source = tmp_path / "c.txt"
+    source.write_text(CONLL_LIKE, encoding="utf8")
+    convert_corpus.convert_file(source, tmp_path / "docs.spacy", token_col=0, tag_col=3, sep="whitespace",
+                                docstart=True, group="docs", quiet=True)
+    nlp = spacy.blank("en")
+    ruler = nlp.add_pipe("entity_ruler")
+    ruler.add_patterns([{"label": "ORG", "pattern": "EU"}, {"label": "MISC", "pattern": "German"},
+                        {"label": "PER", "pattern": [{"ORTH": "Peter"}, {"ORTH": "Blackburn"}]}])  # BRUSSELS missed
+    nlp.to_disk(tmp_path / "ruler")
+    output = tmp_path / "probe.json"
+    assert length_probe.main([str(tmp_path / "ruler"), str(tmp_path / "docs.spacy"), "--groups", "1,doc",
+                              "--output", str(output)]) == 0
+    result = json.loads(output.read_text())
+    assert result["settings"] is None  # not a spacy-unmask pipeline: no windows
+    for group in ("1", "doc"):
+        row = result["groups"][group]
+        assert (row["ents_p"], row["ents_r"]) == (100.0, 75.0)
+        assert "errors_by_window_cut" not in row
+        errors = row["errors_by_sentence_edge"]
+        assert sum(b["tokens"] for b in errors.values()) == 6
+        assert errors["0"]["errors"] == 1 and sum(b["errors"] for b in errors.values()) == 1  # BRUSSELS, alone
