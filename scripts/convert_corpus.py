@@ -44,6 +44,8 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 SEPARATORS = {"tab": "\t", "space": " ", "whitespace": None}
 _TAG = re.compile(r"^(O|[BI]-.+)$")
+# what the written DocBins keep: the words, the entities and the sentence starts
+DOCBIN_ATTRS = ["ORTH", "ENT_IOB", "ENT_TYPE", "SENT_START"]
 
 
 @dataclass(frozen=True)
@@ -217,7 +219,7 @@ def convert_file(
         sentences.append(sent)
     bad = sum(invalid_iob2(s.tags) for s in sentences)
     groups = group_sentences(sentences, group)
-    docbin = DocBin(attrs=["ORTH", "ENT_IOB", "ENT_TYPE", "SENT_START"], store_user_data=False)
+    docbin = DocBin(attrs=DOCBIN_ATTRS, store_user_data=False)
     per_type: Counter = Counter()
     tokens = 0
     for doc in sentences_to_docs(groups):
@@ -302,7 +304,7 @@ def write_mix(inputs: List[Path], output_path: Path, *, quiet: bool = False) -> 
     """Concatenate DocBins: one training file with inputs of several lengths."""
     from spacy.tokens import DocBin
 
-    merged = DocBin(attrs=["ORTH", "ENT_IOB", "ENT_TYPE", "SENT_START"], store_user_data=False)
+    merged = DocBin(attrs=DOCBIN_ATTRS, store_user_data=False)
     for path in inputs:
         merged.merge(DocBin().from_disk(path))
     merged.to_disk(output_path)
