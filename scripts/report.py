@@ -167,9 +167,14 @@ def summarize(folder: Path) -> str:
         lines += ["", "Over seeds (test F1 in %, mean ± sample standard deviation):", "",
                   "| run | seeds | F1 | documents F1 | training time per run |", "|---|---:|---:|---:|---:|"]
         for name, row in seeds.items():
-            doc = "–" if row["doc_mean_f"] is None else f"{row['doc_mean_f']:.2f} ± {row['doc_std_f']:.2f}"
+            spread = len(row["seeds"]) > 1  # one seed has no spread to show
+
+            def cell(mean, std):
+                return f"{mean:.2f} ± {std:.2f}" if spread else f"{mean:.2f}"
+
+            doc = "–" if row["doc_mean_f"] is None else cell(row["doc_mean_f"], row["doc_std_f"])
             minutes = "–" if row["train_minutes"] is None else f"{row['train_minutes']:.0f} min"
-            lines.append(f"| {name} | {len(row['seeds'])} | {row['mean_f']:.2f} ± {row['std_f']:.2f} | {doc} | {minutes} |")
+            lines.append(f"| {name} | {len(row['seeds'])} | {cell(row['mean_f'], row['std_f'])} | {doc} | {minutes} |")
     extras = [f"[{p.name}]({p.name})" for p in (folder / "sweep.md", folder / "sweep.png") if p.exists()]
     if extras:
         lines += ["", "Unmask sweep: " + ", ".join(extras) + "."]
