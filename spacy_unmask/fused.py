@@ -14,7 +14,6 @@ A module is only switched after its fused forward has been checked against its
 own stock forward on a probe input, so a future variant with other semantics
 keeps its stock code.
 """
-from types import MethodType
 from typing import Callable, Dict
 
 import torch
@@ -29,6 +28,18 @@ def _llama_style(self, hidden_states: torch.Tensor) -> torch.Tensor:
 
 def _gemma_style(self, x: torch.Tensor) -> torch.Tensor:
     return F.rms_norm(x.float(), self.weight.shape, 1.0 + self.weight.float(), self.eps).type_as(x)
+
+
+class FusedForward:
+    """A norm module's forward through `F.rms_norm`, stored on the module; a plain
+    object (not a bound method), so that the module still pickles and deep-copies."""
+
+    def __init__(self, module: nn.Module, fused: Callable):
+        self.module = module
+        self.fused = fused
+
+    def __call__(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.fused(self.module, hidden_states)
 
 
 FUSED_FORWARDS: Dict[str, Callable] = {
@@ -66,6 +77,6 @@ def fuse_rms_norms(model: nn.Module) -> int:
         if type(module) not in checked:
             checked[type(module)] = _agrees(module, fused)
         if checked[type(module)]:
-            module.forward = MethodType(fused, module)
+            module.forward = FusedForward(module, fused)
             count += 1
     return count

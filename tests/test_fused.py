@@ -58,3 +58,17 @@ def test_fusing_twice_changes_nothing():
     model = tiny_decoder("llama")
     first = fuse_rms_norms(model)
     assert first > 0 and fuse_rms_norms(model) == 0
+
+
+def test_a_fused_model_pickles_and_deep_copies():
+    import copy
+    import pickle
+
+    model = tiny_decoder("gemma3_text")
+    fuse_rms_norms(model)
+    ids = torch.randint(3, 300, (1, 7))
+    expected = model(input_ids=ids).last_hidden_state
+    for clone in (pickle.loads(pickle.dumps(model)), copy.deepcopy(model)):
+        norm = norms(clone)[0]
+        assert norm.forward.module is norm  # the copy's norms run on their own weights
+        torch.testing.assert_close(clone(input_ids=ids).last_hidden_state, expected, rtol=0, atol=0)
