@@ -68,16 +68,17 @@ def window_cut_distance(doc, tokenizer, window: int, stride: int):
     encoded = tokenizer(doc.text, add_special_tokens=False, return_offsets_mapping=True)
     offsets = np.asarray(encoded["offset_mapping"], dtype=np.int64).reshape(-1, 2)
     n = len(offsets)
+    if n <= window:
+        return np.full(len(doc), -1, dtype=np.int64)
     starts_chars = np.fromiter((t.idx for t in doc), dtype=np.int64, count=len(doc))
     ends_chars = starts_chars + np.fromiter((len(t.text) for t in doc), dtype=np.int64, count=len(doc))
     first, _ = align_pieces(starts_chars, ends_chars, offsets[:, 0], offsets[:, 1])
-    if n <= window:
-        return np.full(len(doc), -1, dtype=np.int64)
+    piece = np.maximum(first, 0)
     starts = window_starts(n, window, stride)
-    start = starts[assign_windows(n, starts, window)][np.maximum(first, 0)]
+    start = starts[assign_windows(n, starts, window)][piece]
     far = np.iinfo(np.int64).max
-    left = np.where(start > 0, np.maximum(first, 0) - start, far)
-    right = np.where(start + window < n, start + window - 1 - np.maximum(first, 0), far)
+    left = np.where(start > 0, piece - start, far)
+    right = np.where(start + window < n, start + window - 1 - piece, far)
     return np.where(first >= 0, np.minimum(left, right), -1)
 
 
