@@ -86,15 +86,18 @@ def seed_summary(runs: Dict[str, dict]) -> Dict[str, dict]:
 
 def order(names) -> List[str]:
     """Default runs first (none, middle, all), then each run_prefix group in the same
-    order (gemma3-none, gemma3-middle, gemma3-all), other runs by name, baselines last."""
+    order (gemma3-none, gemma3-middle, gemma3-all), other runs by name, baselines last;
+    the seeds of a run together, in seed order."""
 
     def key(name):
-        if name in LAST:
-            return (2, "", LAST.index(name), name)
-        prefix, _, base = name.rpartition("-")
+        match = SEED.match(name)
+        base_name, seed = (match["name"], int(match["seed"])) if match else (name, -1)
+        if base_name in LAST:
+            return (2, "", LAST.index(base_name), base_name, seed)
+        prefix, _, base = base_name.rpartition("-")
         if base in FIRST:
-            return (0 if not prefix else 1, prefix, FIRST.index(base), name)
-        return (1, name, len(FIRST), name)
+            return (0 if not prefix else 1, prefix, FIRST.index(base), base_name, seed)
+        return (1, base_name, len(FIRST), base_name, seed)
 
     return sorted(names, key=key)
 

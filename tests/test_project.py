@@ -24,7 +24,7 @@ convert_corpus = load_script("convert_corpus")
 report = load_script("report")
 timed = load_script("timed")
 copy_assets = load_script("copy_assets")
-sweep = load_script("sweep")
+runs = load_script("runs")
 length_probe = load_script("length_probe")
 
 
@@ -58,7 +58,7 @@ def test_project_yml_validates(project_copy):
     validate_project_commands(raw)
     config = load_project_config(project_copy)
     assert set(config["workflows"]) >= {"all", "conll03", "sweep", "baselines"}
-    for name in ("train", "evaluate", "report"):
+    for name in ("train", "report"):
         assert name in config["workflows"]["all"]
     raw_scripts = {cmd["name"]: cmd.get("script", []) for cmd in raw["commands"]}
     for cmd in config["commands"]:
@@ -82,6 +82,32 @@ def test_project_vars_override(project_copy):
     assert "corpus/ncbi_disease/train.spacy" in commands["cnn"]["deps"]
 
 
+def test_training_commands_pass_runs_py_arguments_it_takes(project_copy):
+    """Every `scripts/runs.py` line of project.yml parses, with the vars it is given."""
+    import shlex
+
+    from weasel.util import load_project_config
+
+    overrides = {"vars.corpus": "bc5cdr", "vars.seeds": "0 1 2", "vars.run_prefix": "gemma3-", "vars.unmask": "0-3,10"}
+    config = load_project_config(project_copy, overrides=overrides)
+    parsed = {}
+    for cmd in config["commands"]:
+        for line in cmd["script"]:
+            words = shlex.split(line)
+            if words[:2] == ["python", "scripts/runs.py"]:
+                parsed[cmd["name"]] = runs.build_parser().parse_args(words[2:])
+    assert set(parsed) >= {"train", "conll03-train", "sweep-train", "sweep-plot", "cnn", "minilm"}
+    train = parsed["train"]
+    assert (train.corpus, train.specs, train.seeds, train.prefix) == ("bc5cdr", ["0-3,10"], ["0", "1", "2"], "gemma3-")
+    assert (train.train, train.dev, train.eval) == ("auto", "auto", ["test", "test.doc"])
+    conll = parsed["conll03-train"]
+    assert conll.corpus == "conll03" and conll.specs == ["none", "all", "middle"] and conll.seqeval
+    assert parsed["sweep-train"].specs == ["sweep"] and parsed["sweep-train"].delete_models
+    assert parsed["cnn"].name == "cnn" and parsed["minilm"].python == ".venv-t4/bin/python"
+    assert parsed["minilm"].extra[-2] == "--paths.minilm"
+    assert parsed["cnn"].seeds == parsed["minilm"].seeds == train.seeds
+
+
 def test_speed_command_runs_the_bench_with_arguments_it_takes(project_copy):
     """`speed` runs `python -m spacy_unmask bench`, and every argument it passes is one the bench accepts."""
     import argparse
@@ -99,8 +125,8 @@ def test_speed_command_runs_the_bench_with_arguments_it_takes(project_copy):
     add_arguments(parser)
     args = parser.parse_args(words[4:])  # exits, failing the test, on an argument the bench lacks
     assert str(args.data) == "corpus/ncbi_disease/test.spacy" and args.data.as_posix() in speed["deps"]
-    assert str(args.output) == "metrics/bench/gemma3-ncbi_disease.json" == speed["outputs"][0]
-    assert str(args.pipeline) == "training/ncbi_disease/gemma3-all/model-best" and str(args.pipeline) in speed["deps"]
+    assert str(args.output) == "metrics/bench/gemma3-all-seed0-ncbi_disease.json" == speed["outputs"][0]
+    assert str(args.pipeline) == "training/ncbi_disease/gemma3-all-seed0/model-best" and str(args.pipeline) in speed["deps"]
 
 
 def test_conll_assets_are_checked_and_never_committed():
@@ -280,6 +306,8 @@ def test_report(tmp_path, capsys):
     assert "| gemma3-none | 1 | 70.00 | – | – |" in summary  # one seed: no spread shown
     assert report.order(["cnn", "gemma3-all", "all", "groups-0011", "gemma3-none", "none"]) == [
         "none", "all", "gemma3-none", "gemma3-all", "groups-0011", "cnn"]
+    assert report.order(["cnn-seed0", "gemma3-all-seed10", "gemma3-all-seed2", "minilm-seed0", "gemma3-none-seed0"]) == [
+        "gemma3-none-seed0", "gemma3-all-seed2", "gemma3-all-seed10", "cnn-seed0", "minilm-seed0"]
 
 
 # --- seqeval_check.py ----------------------------------------------------------------
@@ -351,30 +379,82 @@ def test_seqeval_check_reports_disagreement(tmp_path):
     assert not result["agree"] and result["overlapping_predictions_dropped"] == 1
 
 
-# --- sweep.py, copy_assets.py --------------------------------------------------------
+# --- runs.py, copy_assets.py --------------------------------------------------------
 
 
-def test_sweep_specs_plot_and_dry_run(tmp_path, capsys):
-    assert len(sweep.SPECS) == 19 and sweep.SPECS[:3] == ["none", "all", "middle"]
-    assert sweep.SPECS[3] == "groups:0000" and sweep.SPECS[-1] == "groups:1111"
+def test_sweep_specs_plot(tmp_path, capsys):
+    assert len(runs.SWEEP) == 19 and runs.SWEEP[:3] == ["none", "all", "middle"]
+    assert runs.SWEEP[3] == "groups:0000" and runs.SWEEP[-1] == "groups:1111"
     folder = tmp_path / "metrics" / "toy" / "sweep"
     folder.mkdir(parents=True)
     for spec, values in {"none": [0.5, 0.6], "groups:0110": [0.7, 0.8, 0.75]}.items():
         for seed, f in enumerate(values, start=1):
-            (folder / f"{sweep.run_name(spec, seed)}.json").write_text(json.dumps({"ents_f": f}))
+            (folder / f"{runs.run_name(spec, seed)}.json").write_text(json.dumps({"ents_f": f}))
     (folder / "none-seed1.train.json").write_text(json.dumps({"wall_s": 1.0}))
-    assert sweep.main(["plot", "--corpus", "toy", "--metrics-dir", str(folder)]) == 0
+    assert runs.main(["plot", "--corpus", "toy", "--metrics-dir", str(folder)]) == 0
     table = (folder.parent / "sweep.md").read_text()
     assert "| none | 55.00 | 7.07 | 50.00 | 60.00 | 2 |" in table
     assert "| groups:0110 | 75.00 | 5.00 | 70.00 | 80.00 | 3 |" in table
     assert (folder.parent / "sweep.png").stat().st_size > 1000
+
+
+@pytest.fixture
+def toy_corpus(tmp_path):
+    """corpus/toy with sentence files and, optionally, the documents files beside them."""
+    folder = tmp_path / "corpus" / "toy"
+    folder.mkdir(parents=True)
+    for split in ("train", "dev", "test", "test.doc"):
+        (folder / f"{split}.spacy").write_bytes(b"")
+    return folder
+
+
+def dry_run(toy_corpus, capsys, *args):
     capsys.readouterr()
-    assert sweep.main(["run", "--corpus", "toy", "--specs", "middle,groups:0011", "--seeds", "7",
-                       "--max-steps", "5", "--model", "tiny", "--dry-run",
-                       "--metrics-dir", str(tmp_path / "dry")]) == 0
-    out = capsys.readouterr().out
-    assert "--components.ner.model.tok2vec.unmask groups:0011" in out and "--system.seed 7" in out
-    assert "--components.ner.model.tok2vec.name tiny" in out and "groups-0011-seed7.json" in out
+    code = runs.main(["run", "--corpus", "toy", "--corpus-dir", str(toy_corpus), "--dry-run",
+                      "--metrics-dir", str(toy_corpus.parent.parent / "metrics"), *args])
+    return code, capsys.readouterr().out
+
+
+def test_runs_dry_run_names_runs_and_passes_settings(toy_corpus, capsys):
+    code, out = dry_run(toy_corpus, capsys, "--specs", "middle", "0-3,10", "--seeds", "7", "8",
+                        "--prefix", "g-", "--max-steps", "5", "--model", "tiny", "--seqeval")
+    assert code == 0
+    for name in ("g-middle-seed7", "g-0-3_10-seed7", "g-middle-seed8", "g-0-3_10-seed8"):
+        assert f"] {name}: " in out
+    assert "--components.ner.model.tok2vec.unmask 0-3,10" in out and "--system.seed 8" in out
+    assert "--components.ner.model.tok2vec.name tiny" in out and "--training.max_steps 5" in out
+    assert "g-middle-seed7.log.jsonl" in out and "g-middle-seed7.doc.json" in out
+    assert "seqeval_check.py" in out
+    # A config without an unmask setting (a baseline) gets no unmask override.
+    code, out = dry_run(toy_corpus, capsys, "--name", "cnn", "--seeds", "0,1", "--config", "configs/baseline_cnn.cfg")
+    assert code == 0 and "] cnn-seed0: " in out and "] cnn-seed1: " in out and "unmask" not in out
+
+
+def test_runs_auto_prefers_documents_where_the_corpus_has_them(toy_corpus, capsys):
+    _, out = dry_run(toy_corpus, capsys, "--specs", "all")
+    assert f"--paths.train {toy_corpus / 'train.spacy'}" in out and f"--paths.dev {toy_corpus / 'dev.spacy'}" in out
+    (toy_corpus / "train.mix.spacy").write_bytes(b"")
+    (toy_corpus / "dev.doc.spacy").write_bytes(b"")
+    _, out = dry_run(toy_corpus, capsys, "--specs", "all")
+    assert f"--paths.train {toy_corpus / 'train.mix.spacy'}" in out and f"--paths.dev {toy_corpus / 'dev.doc.spacy'}" in out
+    _, out = dry_run(toy_corpus, capsys, "--specs", "all", "--train", "train", "--dev", "dev")
+    assert f"--paths.train {toy_corpus / 'train.spacy'}" in out
+
+
+def test_runs_resume_and_refuse_bad_settings(toy_corpus, capsys):
+    metrics = toy_corpus.parent.parent / "metrics"
+    metrics.mkdir()
+    (metrics / "all-seed0.json").write_text(json.dumps({"ents_f": 0.5}))
+    code, out = dry_run(toy_corpus, capsys, "--specs", "all", "none")
+    assert code == 0 and "all-seed0: done already" in out and "] none-seed0: " in out
+    for args, message in [
+        (["--specs", "all", "--train", "train.doc"], "--train train.doc: no "),
+        (["--specs", "all", "--eval", "dev", "test"], "same metrics file"),
+        (["--specs", "all", "--name", "cnn"], "--name and --specs"),
+        (["--specs", "all", "--seeds", "one"], "--seeds: 'one' is not an integer"),
+    ]:
+        with pytest.raises(SystemExit, match=message):
+            dry_run(toy_corpus, capsys, *args)
 
 
 def test_copy_assets(tmp_path):
@@ -397,7 +477,7 @@ def test_copy_assets(tmp_path):
 
 
 def test_scripts_run_as_commands():
-    for name in ("convert_corpus", "report", "seqeval_check", "sweep", "timed", "copy_assets"):
+    for name in ("convert_corpus", "report", "seqeval_check", "runs", "timed", "copy_assets"):
         done = subprocess.run([sys.executable, str(SCRIPTS / f"{name}.py"), "--help"], capture_output=True, text=True)
         assert done.returncode == 0 and "usage" in done.stdout.lower(), name
 
@@ -422,10 +502,11 @@ def test_all_workflow_end_to_end_on_a_tiny_model(tmp_path, tiny_dirs):
     result = run("run", "all", ".", "--vars.model", tiny_dirs("llama", "bytelevel"), "--vars.max_steps", "4",
                  "--vars.eval_frequency", "2", "--vars.train_limit", "30", "--vars.dev_limit", "20")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    metrics = json.loads((project / "metrics" / "wnut17" / "all.json").read_text())
+    metrics = json.loads((project / "metrics" / "wnut17" / "all-seed0.json").read_text())
     assert {"ents_f", "ents_p", "ents_r", "ents_per_type", "speed"} <= set(metrics)
-    assert (project / "training" / "wnut17" / "all" / "model-best").is_dir()
-    curve = [json.loads(line) for line in (project / "metrics" / "wnut17" / "all.log.jsonl").read_text().splitlines()]
+    assert "ents_f" in json.loads((project / "metrics" / "wnut17" / "all-seed0.doc.json").read_text())
+    assert (project / "training" / "wnut17" / "all-seed0" / "model-best").is_dir()
+    curve = [json.loads(line) for line in (project / "metrics" / "wnut17" / "all-seed0.log.jsonl").read_text().splitlines()]
     assert [row["step"] for row in curve] == [0, 2, 4] and all("ents_f" in row["scores"] for row in curve)
     assert "F1" in result.stdout or "f1" in result.stdout.lower()
 

@@ -1,0 +1,315 @@
+"""Train and evaluate NER runs (one setting or a sweep of them, over seeds); plot a sweep.
+
+    # CoNLL-2003, causal and unmasked, three seeds, tested on sentences and on articles
+    python scripts/runs.py run --corpus conll03 --specs none all --seeds 0 1 2 \
+        --max-steps 1000 --prefix gemma3- --seqeval
+
+    # the mask study on dev: none, all, middle and groups:0000 ... groups:1111
+    python scripts/runs.py run --corpus conll03 --specs sweep --seeds 1 2 3 --max-steps 250 \
+        --eval dev --metrics-dir metrics/conll03/sweep --training-dir training/conll03/sweep --delete-models
+    python scripts/runs.py plot --corpus conll03 --metrics-dir metrics/conll03/sweep
+
+    # a baseline: a config of its own, no unmask setting
+    python scripts/runs.py run --corpus bc5cdr --config configs/baseline_cnn.cfg --name cnn --seeds 0
+
+A run is named <prefix><spec>-seed<K> (':' and ',' of a spec become '-' and '_') or,
+with --name, <prefix><name>-seed<K>. Each run is
+  1. `spacy train` (--components.ner.model.tok2vec.unmask SPEC, --system.seed K) on
+     corpus/<corpus>/<train>.spacy with model selection on <dev>.spacy; wall time and
+     peak memory go to <run>.train.json (scripts/timed.py), the dev curve to
+     <run>.log.jsonl. --train/--dev "auto" (the default) take train.mix and dev.doc
+     where the corpus has documents (the converter writes them: every sentence alone and
+     inside its document), else train and dev: the model reads single sentences and whole
+     documents alike and is chosen on documents;
+  2. `spacy evaluate` of model-best on each --eval split: test -> <run>.json,
+     test.doc -> <run>.doc.json, dev -> <run>.json;
+  3. with --seqeval, scripts/seqeval_check.py on the first --eval split (<run>.seqeval.json).
+A run whose <run>.json exists is skipped (--force reruns it), so a campaign resumes
+where it stopped. scripts/report.py gathers runs over seeds.
+
+The plot (metrics/<corpus>/sweep.png) shows every seed as a dot and the mean with one
+standard deviation as a bar; the table (sweep.md) gives mean, standard deviation, min,
+max and number of seeds per spec.
+"""
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+SWEEP = ["none", "all", "middle"] + [f"groups:{i:04b}" for i in range(16)]
+UNMASK_KEY = "components.ner.model.tok2vec.unmask"
+MODEL_KEY = "components.ner.model.tok2vec.name"
+HERE = Path(__file__).resolve().parent
+# "auto" split -> the document-level file to prefer, when the corpus has one
+AUTO = {"train": "train.mix", "dev": "dev.doc"}
+
+
+def spec_slug(spec: str) -> str:
+    return spec.replace(":", "-").replace(",", "_")
+
+
+def run_name(spec: str, seed: int, prefix: str = "") -> str:
+    return f"{prefix}{spec_slug(spec)}-seed{seed}"
+
+
+def parse_seeds(values: List[str]) -> List[int]:
+    """Seeds given as `0 1 2` or `0,1,2`."""
+    seeds = []
+    for value in values:
+        for item in value.split(","):
+            if item.strip():
+                try:
+                    seeds.append(int(item))
+                except ValueError:
+                    raise SystemExit(f"--seeds: {item!r} is not an integer (e.g. --seeds 0 1 2)")
+    return seeds
+
+
+def resolve_split(corpus: Path, split: str, role: str) -> Path:
+    """corpus/<split>.spacy; "auto" prefers the documents file (AUTO) where it exists."""
+    if split == "auto" and role in AUTO:
+        preferred = corpus / f"{AUTO[role]}.spacy"
+        split = AUTO[role] if preferred.exists() else role
+    path = corpus / f"{split}.spacy"
+    if not path.exists():
+        found = sorted(p.name[: -len(".spacy")] for p in corpus.glob("*.spacy"))
+        raise SystemExit(f"--{role} {split}: no {path}; {corpus} has {found or 'no .spacy files'} "
+                         f"(or 'auto'; run the corpus's convert command first)")
+    return path
+
+
+def metrics_suffix(split: str) -> str:
+    """test -> "", test.doc -> ".doc": the part of a split name after its first dot."""
+    return "." + split.split(".", 1)[1] if "." in split else ""
+
+
+def plan(args) -> List[dict]:
+    """Every run of the campaign: its name, seed, spec (None with --name) and files."""
+    corpus = Path(args.corpus_dir or f"corpus/{args.corpus}")
+    train = resolve_split(corpus, args.train, "train")
+    dev = resolve_split(corpus, args.dev, "dev")
+    evals = {split: resolve_split(corpus, split, "eval") for split in args.eval}
+    suffixes = [metrics_suffix(s) for s in args.eval]
+    if len(set(suffixes)) != len(suffixes):
+        raise SystemExit(f"--eval {' '.join(args.eval)}: two splits would write the same metrics file "
+                         f"(dev and test both write <run>.json); evaluate them in separate campaigns")
+    if args.name and args.specs:
+        raise SystemExit("--name and --specs: give one (--name for a config without an unmask setting)")
+    specs = [s for spec in (args.specs or []) for s in (SWEEP if spec == "sweep" else [spec])]
+    out_dir = Path(args.metrics_dir or f"metrics/{args.corpus}")
+    train_root = Path(args.training_dir or f"training/{args.corpus}")
+    runs = []
+    for seed in parse_seeds(args.seeds):
+        for spec in specs or [None]:
+            name = run_name(spec if spec is not None else args.name, seed, args.prefix)
+            runs.append({
+                "name": name, "seed": seed, "spec": spec, "train": train, "dev": dev,
+                "model_dir": train_root / name,
+                "evals": [(evals[s], out_dir / f"{name}{metrics_suffix(s)}.json") for s in args.eval],
+                "out_dir": out_dir,
+            })
+    return runs
+
+
+def train_command(args, run: dict) -> List[str]:
+    out = run["out_dir"] / run["name"]
+    command = [
+        sys.executable, str(HERE / "timed.py"), "--output", f"{out}.train.json", "--",
+        args.python, "-m", "spacy", "train", str(args.config),
+        "--output", str(run["model_dir"]),
+        "--training.logger.output_file", f"{out}.log.jsonl",
+        "--paths.train", str(run["train"]),
+        "--paths.dev", str(run["dev"]),
+        "--system.seed", str(run["seed"]),
+        "--gpu-id", str(args.gpu_id),
+    ]
+    if run["spec"] is not None:
+        command += [f"--{UNMASK_KEY}", run["spec"]]
+    if args.model:
+        command += [f"--{MODEL_KEY}", args.model]
+    if args.max_steps:
+        command += ["--training.max_steps", str(args.max_steps)]
+    return command + list(args.extra)
+
+
+def evaluate_commands(args, run: dict) -> List[Tuple[str, List[str]]]:
+    """(step, command) pairs: spacy evaluate on each split, then the seqeval check."""
+    best = str(run["model_dir"] / "model-best")
+    commands = [(f"evaluation on {data.name}", [args.python, "-m", "spacy", "evaluate", best, str(data),
+                                                "--output", str(output), "--gpu-id", str(args.gpu_id)])
+                for data, output in run["evals"]]
+    if args.seqeval:
+        data, output = run["evals"][0]
+        commands.append(("seqeval check", [args.python, str(HERE / "seqeval_check.py"), best, str(data),
+                                           "--metrics", str(output), "--gpu-id", str(args.gpu_id)]))
+    return commands
+
+
+def run(args) -> int:
+    runs = plan(args)
+    failures = []
+    for i, one in enumerate(runs, start=1):
+        name, metrics = one["name"], one["evals"][0][1]
+        if metrics.exists() and not args.force:
+            print(f"[{i}/{len(runs)}] {name}: done already ({metrics} exists; --force reruns it)", flush=True)
+            continue
+        steps = [("training", train_command(args, one))] + evaluate_commands(args, one)
+        print(f"[{i}/{len(runs)}] {name}: {' '.join(steps[0][1][5:])}", flush=True)
+        if args.dry_run:
+            for _, command in steps[1:]:
+                print(f"    then: {' '.join(command)}")
+            continue
+        one["out_dir"].mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        for step, command in steps:
+            if subprocess.call(command) != 0:
+                failures.append(name)
+                print(f"    {name}: {step} failed: {' '.join(command)}", file=sys.stderr)
+                break
+        else:
+            f1 = json.loads(metrics.read_text()).get("ents_f")
+            print(f"    {name}: {one['evals'][0][0].name} F1 {100 * (f1 or 0):.2f} "
+                  f"({time.perf_counter() - t0:.0f} s)", flush=True)
+        if args.delete_models:
+            shutil.rmtree(one["model_dir"], ignore_errors=True)
+        if failures and args.stop_on_error:
+            break
+    if failures:
+        print(f"{len(failures)} run(s) failed: {', '.join(failures)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def collect(folder: Path) -> Dict[str, List[float]]:
+    """spec -> F1 (in %) of each seed found in a sweep's metrics folder."""
+    by_slug = {spec_slug(s): s for s in SWEEP}
+    scores: Dict[str, List[float]] = {}
+    for path in sorted(folder.glob("*-seed*.json")):
+        if path.name.endswith(".train.json"):
+            continue
+        slug = path.name[: -len(".json")].rsplit("-seed", 1)[0]
+        try:
+            f1 = json.loads(path.read_text()).get("ents_f")
+        except ValueError:
+            continue
+        scores.setdefault(by_slug.get(slug, slug), []).append(100 * float(f1 or 0.0))
+    return scores
+
+
+def ordered(specs) -> List[str]:
+    known = [s for s in SWEEP if s in specs]
+    return known + sorted(s for s in specs if s not in SWEEP)
+
+
+def table(scores: Dict[str, List[float]], title: str) -> str:
+    lines = [f"# {title}", "", "F1 in %, over seeds.", "",
+             "| spec | mean F1 | std | min | max | seeds |", "|---|---:|---:|---:|---:|---:|"]
+    for spec in ordered(scores):
+        values = scores[spec]
+        std = statistics.stdev(values) if len(values) > 1 else 0.0
+        lines.append(f"| {spec} | {statistics.mean(values):.2f} | {std:.2f} | {min(values):.2f} "
+                     f"| {max(values):.2f} | {len(values)} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(args) -> int:
+    folder = Path(args.metrics_dir or f"metrics/{args.corpus}/sweep")
+    scores = collect(folder) if folder.is_dir() else {}
+    if not scores:
+        print(f"no sweep metrics in {folder}", file=sys.stderr)
+        return 1
+    title = args.title or f"{args.corpus}: unmask sweep ({args.eval_split} F1)"
+    text = table(scores, title)
+    table_path = Path(args.table or folder.parent / "sweep.md")
+    table_path.write_text(text, encoding="utf8")
+    print(text)
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    specs = ordered(scores)
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.55 * len(specs) + 2), 4.2))
+    for x, spec in enumerate(specs):
+        values = scores[spec]
+        mean = statistics.mean(values)
+        std = statistics.stdev(values) if len(values) > 1 else 0.0
+        first = x == 0
+        ax.errorbar([x], [mean], yerr=[std], fmt="o", color="C0", capsize=4, markersize=7, zorder=3,
+                    label="mean ± std" if first else None)
+        offsets = [0.18 * (j - (len(values) - 1) / 2) / max(1, len(values) - 1) for j in range(len(values))]
+        ax.scatter([x + 0.25 + o for o in offsets], values, color="C1", s=14, alpha=0.8, zorder=2,
+                   label="one seed" if first else None)
+    ax.set_xticks(range(len(specs)))
+    ax.set_xticklabels([s.replace("groups:", "g:") for s in specs], rotation=60, ha="right")
+    ax.set_xlabel("unmasked layers (g:abcd = four layer groups, input side first)")
+    ax.set_ylabel("span F1 (%)")
+    ax.set_title(title)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    png = Path(args.output or folder.parent / "sweep.png")
+    fig.savefig(png, dpi=120)
+    print(f"wrote {png} and {table_path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="mode", required=True)
+
+    r = sub.add_parser("run", help="train and evaluate runs (specs x seeds)")
+    r.add_argument("--corpus", required=True, help="corpus name: corpus/<corpus>/, metrics/<corpus>/")
+    r.add_argument("--corpus-dir", help="default corpus/<corpus>")
+    r.add_argument("--metrics-dir", help="default metrics/<corpus>")
+    r.add_argument("--training-dir", help="default training/<corpus>")
+    r.add_argument("--config", type=Path, default=Path("configs/ner.cfg"))
+    r.add_argument("--specs", nargs="+", metavar="SPEC",
+                   help="unmask settings, space-separated (`sweep`: none, all, middle, groups:0000..1111)")
+    r.add_argument("--name", help="run name for a config without an unmask setting (baselines)")
+    r.add_argument("--seeds", nargs="+", default=["0"], help="seeds, e.g. 0 1 2 (default 0)")
+    r.add_argument("--prefix", default="", help="run name prefix, e.g. gemma3-")
+    r.add_argument("--train", default="auto", help="training file stem in the corpus folder (default auto)")
+    r.add_argument("--dev", default="auto", help="model-selection file stem (default auto)")
+    r.add_argument("--eval", nargs="+", default=["test", "test.doc"], help="splits to evaluate (default test test.doc)")
+    r.add_argument("--seqeval", action="store_true", help="check the first --eval split's F1 with seqeval")
+    r.add_argument("--model", default="", help=f"backbone ({MODEL_KEY}; default: the config's)")
+    r.add_argument("--max-steps", type=int, default=0, help="training.max_steps per run (0: the config's)")
+    r.add_argument("--gpu-id", type=int, default=-1)
+    r.add_argument("--python", default=sys.executable, help="interpreter for spacy train / evaluate (default this one)")
+    r.add_argument("--delete-models", action="store_true", help="delete each trained pipeline once evaluated")
+    r.add_argument("--force", action="store_true", help="rerun runs whose metrics exist")
+    r.add_argument("--stop-on-error", action="store_true")
+    r.add_argument("--dry-run", action="store_true", help="print the commands only")
+    r.add_argument("extra", nargs=argparse.REMAINDER, help="after --: more `spacy train` overrides")
+
+    p = sub.add_parser("plot", help="plot and tabulate a sweep's metrics")
+    p.add_argument("--corpus", default="wnut17")
+    p.add_argument("--metrics-dir", help="default metrics/<corpus>/sweep")
+    p.add_argument("--eval-split", default="dev", help="split the sweep was scored on (for the title)")
+    p.add_argument("--output", help="default metrics/<corpus>/sweep.png")
+    p.add_argument("--table", help="default metrics/<corpus>/sweep.md")
+    p.add_argument("--title")
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.mode == "run":
+        if args.extra and args.extra[0] == "--":
+            args.extra = args.extra[1:]
+        if not (args.specs or args.name):
+            parser.error("run: give --specs (unmask settings) or --name (a config without one)")
+        return run(args)
+    return plot(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
