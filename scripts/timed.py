@@ -3,8 +3,9 @@
     python scripts/timed.py --output metrics/wnut17/all.train.json -- \
         python -m spacy train configs/ner.cfg --output training/wnut17/all ...
 
-The sidecar holds the command, wall seconds, exit status and the peak resident set
-size of the children (`resource.getrusage(RUSAGE_CHILDREN).ru_maxrss`: the largest
+The sidecar holds the command, wall seconds, exit status, the machine (CPU model,
+cores, and whether the CPU multiplies bfloat16 natively, which decides what dtype
+"auto" trains in) and the peak resident set size of the children (`resource.getrusage(RUSAGE_CHILDREN).ru_maxrss`: the largest
 peak of any one waited-for descendant, in MiB; GPU memory is not included). A
 leading `python`/`python3` is replaced by this interpreter, as `spacy project run`
 does for its own commands. The exit status of the command is passed on; the sidecar
@@ -12,6 +13,7 @@ is written only when the command succeeds, unless --always is given.
 """
 import argparse
 import json
+import os
 import platform
 import resource
 import subprocess
@@ -29,6 +31,21 @@ def peak_rss_mib() -> float:
     return maxrss / (1024 * 1024) if sys.platform == "darwin" else maxrss / 1024
 
 
+def machine() -> dict:
+    """CPU model, cores and native bfloat16 support (AVX-512 BF16 or AMX tiles)."""
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+    except OSError:
+        pass
+    return {"cpu": model, "cores": os.cpu_count(), "cpu_bf16": bool(flags & {"avx512_bf16", "amx_bf16"})}
+
+
 def run_timed(command: List[str]) -> dict:
     if command and command[0] in ("python", "python3"):
         command = [sys.executable, *command[1:]]
@@ -43,6 +60,7 @@ def run_timed(command: List[str]) -> dict:
         "peak_rss_mib": round(peak_rss_mib(), 1),
         "returncode": returncode,
         "host": platform.node(),
+        "machine": machine(),
     }
 
 

@@ -258,6 +258,13 @@ def test_timed_writes_sidecar(tmp_path):
     info = json.loads(sidecar.read_text())
     assert info["returncode"] == 0 and info["wall_s"] > 0 and info["peak_rss_mib"] > 5
     assert info["command"][0] == sys.executable
+    # The sidecar says whether dtype "auto" trained in bfloat16 on this machine.
+    import torch
+
+    from spacy_unmask.backbone import bf16_supported
+
+    if not torch.cuda.is_available():
+        assert info["machine"]["cpu_bf16"] == bf16_supported() and info["machine"]["cores"] >= 1
     failed = tmp_path / "failed.train.json"
     assert timed.main(["--output", str(failed), "--", "python", "-c", "raise SystemExit(3)"]) == 3
     assert not failed.exists()
