@@ -8,11 +8,14 @@ A run is a `metrics/<corpus>/<run>.json` written by `spacy evaluate --output`
 `<run>.train.json` (scripts/timed.py: wall_s, peak_rss_mib of the training) and
 `<run>.seqeval.json` (scripts/seqeval_check.py: seqeval strict IOB2 F1) and
 `<run>.doc.json` (`spacy evaluate` of the same pipeline on whole documents:
-test.doc.spacy). Runs named `<name>-seed<N>` are also gathered per name:
+test.doc.spacy) and `<run>.log.jsonl` (the dev curve spaCy's logger wrote during
+training). Runs named `<name>-seed<N>` are also gathered per name:
 `metrics/<corpus>/summary.json` maps each name to {"mean_f", "std_f", "seeds",
-"f", "doc_mean_f", "doc_std_f", "train_minutes"} (F1 in percent; std is the
-sample standard deviation, 0 for one seed). Writes `metrics/<corpus>/SUMMARY.md`
-and summary.json, and prints the table.
+"f", "doc_mean_f", "doc_std_f", "train_minutes", "dev_best_f"} (F1 in percent; std
+is the sample standard deviation, 0 for one seed; dev_best_f: the best dev F1 of each
+seed's curve, averaged). Writes `metrics/<corpus>/SUMMARY.md`, summary.json and, where
+runs have dev curves, curves.png (dev F1 against step, one line per seed), and prints
+the table.
 """
 import argparse
 import json
@@ -55,8 +58,25 @@ def load_runs(folder: Path) -> Dict[str, dict]:
             "train": read_json(folder / f"{name}.train.json"),
             "seqeval": read_json(folder / f"{name}.seqeval.json"),
             "doc": read_json(folder / f"{name}.doc.json"),
+            "curve": read_curve(folder / f"{name}.log.jsonl"),
         }
     return runs
+
+
+def read_curve(path: Path) -> List[tuple]:
+    """(step, dev F1 in %) of each evaluation in a spaCy ConsoleLogger.v3 JSONL file."""
+    curve = []
+    try:
+        lines = path.read_text(encoding="utf8").splitlines()
+    except OSError:
+        return curve
+    for line in lines:
+        try:
+            row = json.loads(line)
+            curve.append((int(row["step"]), float(row["scores"]["ents_f"])))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return curve
 
 
 def seed_summary(runs: Dict[str, dict]) -> Dict[str, dict]:
@@ -72,6 +92,7 @@ def seed_summary(runs: Dict[str, dict]) -> Dict[str, dict]:
         f = [100 * float(groups[name][k]["metrics"]["ents_f"]) for k in seeds]
         doc = [100 * float(groups[name][k]["doc"]["ents_f"]) for k in seeds if groups[name][k]["doc"]]
         minutes = [float(groups[name][k]["train"]["wall_s"]) / 60 for k in seeds if groups[name][k]["train"]]
+        best_dev = [max(f for _, f in groups[name][k]["curve"]) for k in seeds if groups[name][k]["curve"]]
         summary[name] = {
             "mean_f": round(statistics.mean(f), 2),
             "std_f": round(statistics.stdev(f), 2) if len(f) > 1 else 0.0,
@@ -80,6 +101,7 @@ def seed_summary(runs: Dict[str, dict]) -> Dict[str, dict]:
             "doc_mean_f": round(statistics.mean(doc), 2) if len(doc) == len(f) else None,
             "doc_std_f": (round(statistics.stdev(doc), 2) if len(doc) > 1 else 0.0) if len(doc) == len(f) else None,
             "train_minutes": round(statistics.mean(minutes), 1) if minutes else None,
+            "dev_best_f": round(statistics.mean(best_dev), 2) if len(best_dev) == len(f) else None,
         }
     return summary
 
@@ -167,8 +189,10 @@ def summarize(folder: Path) -> str:
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
     seeds = seed_summary(runs)
     if seeds:
-        lines += ["", "Over seeds (test F1 in %, mean ± sample standard deviation):", "",
-                  "| run | seeds | F1 | documents F1 | training time per run |", "|---|---:|---:|---:|---:|"]
+        lines += ["", "Over seeds (test F1 in %, mean ± sample standard deviation; best dev F1 of each",
+                  "seed's curve, averaged):", "",
+                  "| run | seeds | F1 | documents F1 | best dev F1 | training time per run |",
+                  "|---|---:|---:|---:|---:|---:|"]
         for name, row in seeds.items():
             spread = len(row["seeds"]) > 1  # one seed has no spread to show
 
@@ -177,11 +201,48 @@ def summarize(folder: Path) -> str:
 
             doc = "–" if row["doc_mean_f"] is None else cell(row["doc_mean_f"], row["doc_std_f"])
             minutes = "–" if row["train_minutes"] is None else f"{row['train_minutes']:.0f} min"
-            lines.append(f"| {name} | {len(row['seeds'])} | {cell(row['mean_f'], row['std_f'])} | {doc} | {minutes} |")
+            dev = "–" if row["dev_best_f"] is None else f"{row['dev_best_f']:.2f}"
+            lines.append(f"| {name} | {len(row['seeds'])} | {cell(row['mean_f'], row['std_f'])} | {doc} | {dev} "
+                         f"| {minutes} |")
+    if any(run["curve"] and SEED.match(name) for name, run in runs.items()):
+        lines += ["", "Dev curves of the seed runs: [curves.png](curves.png)."]
     extras = [f"[{p.name}]({p.name})" for p in (folder / "sweep.md", folder / "sweep.png") if p.exists()]
     if extras:
         lines += ["", "Unmask sweep: " + ", ".join(extras) + "."]
     return "\n".join(lines) + "\n"
+
+
+def plot_curves(folder: Path, runs: Dict[str, dict]) -> Optional[Path]:
+    """curves.png: dev F1 against training step for every seed run with a curve, one
+    colour per run name (seeds of a name share it)."""
+    named = {}
+    for run_name in order(runs):
+        match = SEED.match(run_name)
+        if match and runs[run_name]["curve"]:
+            named.setdefault(match["name"], []).append((int(match["seed"]), runs[run_name]["curve"]))
+    if not named:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for colour, (name, seeds) in enumerate(named.items()):
+        for i, (seed, curve) in enumerate(seeds):
+            steps, scores = zip(*[(step, f) for step, f in curve if step > 0] or [(0, 0.0)])
+            ax.plot(steps, scores, marker="o", markersize=3, color=f"C{colour % 10}", alpha=0.8,
+                    label=f"{name} ({len(seeds)} seed{'s' if len(seeds) > 1 else ''})" if i == 0 else None)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("dev F1 (%)")
+    ax.set_title(f"{folder.name}: dev F1 during training")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    path = folder / "curves.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def corpus_folders(path: Path) -> List[Path]:
@@ -208,7 +269,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             found += 1
             if not args.no_write:
                 (folder / "SUMMARY.md").write_text(text, encoding="utf8")
-                seeds = seed_summary(load_runs(folder))
+                runs = load_runs(folder)
+                plot_curves(folder, runs)
+                seeds = seed_summary(runs)
                 if seeds:
                     (folder / "summary.json").write_text(json.dumps(seeds, indent=2) + "\n", encoding="utf8")
             print(text)

@@ -289,6 +289,8 @@ def test_report(tmp_path, capsys):
         write_metrics(corpus / f"gemma3-all-seed{seed}.json", f, f, f, {})
         write_metrics(corpus / f"gemma3-all-seed{seed}.doc.json", doc_f, doc_f, doc_f, {})
         (corpus / f"gemma3-all-seed{seed}.train.json").write_text(json.dumps({"wall_s": 600.0 * seed}))
+        curve = [{"step": step, "scores": {"ents_f": 60.0 + 10 * seed * step / 100}} for step in (0, 50, 100)]
+        (corpus / f"gemma3-all-seed{seed}.log.jsonl").write_text("\n".join(map(json.dumps, curve)) + "\nnot json\n")
     write_metrics(corpus / "gemma3-none-seed0.json", 0.7, 0.7, 0.7, {})  # one seed, no document run
     bench = tmp_path / "metrics" / "bench"
     bench.mkdir()
@@ -305,12 +307,13 @@ def test_report(tmp_path, capsys):
     seeds = json.loads((corpus / "summary.json").read_text())
     assert seeds == {
         "gemma3-none": {"mean_f": 70.0, "std_f": 0.0, "seeds": [0], "f": [70.0],
-                        "doc_mean_f": None, "doc_std_f": None, "train_minutes": None},
+                        "doc_mean_f": None, "doc_std_f": None, "train_minutes": None, "dev_best_f": None},
         "gemma3-all": {"mean_f": 85.0, "std_f": 5.0, "seeds": [1, 2, 3], "f": [80.0, 90.0, 85.0],
-                       "doc_mean_f": 75.0, "doc_std_f": 5.0, "train_minutes": 20.0},
+                       "doc_mean_f": 75.0, "doc_std_f": 5.0, "train_minutes": 20.0, "dev_best_f": 80.0},
     }
-    assert "| gemma3-all | 3 | 85.00 ± 5.00 | 75.00 ± 5.00 | 20 min |" in summary
-    assert "| gemma3-none | 1 | 70.00 | – | – |" in summary  # one seed: no spread shown
+    assert "| gemma3-all | 3 | 85.00 ± 5.00 | 75.00 ± 5.00 | 80.00 | 20 min |" in summary
+    assert "| gemma3-none | 1 | 70.00 | – | – | – |" in summary  # one seed: no spread shown
+    assert (corpus / "curves.png").stat().st_size > 1000 and "(curves.png)" in summary
     assert report.order(["cnn", "gemma3-all", "all", "groups-0011", "gemma3-none", "none"]) == [
         "none", "all", "gemma3-none", "gemma3-all", "groups-0011", "cnn"]
     assert report.order(["cnn-seed0", "gemma3-all-seed10", "gemma3-all-seed2", "minilm-seed0", "gemma3-none-seed0"]) == [
