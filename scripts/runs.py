@@ -190,9 +190,10 @@ def collect(folder: Path) -> Dict[str, List[float]]:
     by_slug = {spec_slug(s): s for s in SWEEP}
     scores: Dict[str, List[float]] = {}
     for path in sorted(folder.glob("*-seed*.json")):
-        if path.name.endswith(".train.json"):
+        stem = path.name[: -len(".json")]
+        if "." in stem:  # a sidecar (.train, .doc, .seqeval): spec slugs have no dots
             continue
-        slug = path.name[: -len(".json")].rsplit("-seed", 1)[0]
+        slug = stem.rsplit("-seed", 1)[0]
         try:
             f1 = json.loads(path.read_text()).get("ents_f")
         except ValueError:

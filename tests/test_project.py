@@ -401,6 +401,7 @@ def test_sweep_specs_plot(tmp_path, capsys):
         for seed, f in enumerate(values, start=1):
             (folder / f"{runs.run_name(spec, seed)}.json").write_text(json.dumps({"ents_f": f}))
     (folder / "none-seed1.train.json").write_text(json.dumps({"wall_s": 1.0}))
+    (folder / "none-seed1.doc.json").write_text(json.dumps({"ents_f": 0.1}))  # a sidecar, not a seed
     assert runs.main(["plot", "--corpus", "toy", "--metrics-dir", str(folder)]) == 0
     table = (folder.parent / "sweep.md").read_text()
     assert "| none | 55.00 | 7.07 | 50.00 | 60.00 | 2 |" in table
