@@ -152,8 +152,9 @@ def speed(value) -> str:
     return "–" if value is None else f"{float(value):,.0f}"
 
 
-def summarize(folder: Path) -> str:
-    runs = load_runs(folder)
+def summarize(folder: Path, runs: Optional[Dict[str, dict]] = None) -> str:
+    """The Markdown summary of a corpus folder's runs (`runs`: load_runs(folder), read here if not given)."""
+    runs = load_runs(folder) if runs is None else runs
     corpus = folder.name
     lines = [
         f"# {corpus}: NER results",
@@ -245,12 +246,14 @@ def plot_curves(folder: Path, runs: Dict[str, dict]) -> Optional[Path]:
     return path
 
 
-def corpus_folders(path: Path) -> List[Path]:
+def corpus_folders(path: Path) -> Dict[Path, Dict[str, dict]]:
     """`path` itself if it holds runs, else its subfolders that do (other JSON, such as
-    the bench figures in metrics/bench, is not a run)."""
-    if load_runs(path):
-        return [path]
-    return [p for p in sorted(path.iterdir()) if p.is_dir() and load_runs(p)]
+    the bench figures in metrics/bench, is not a run), each with its runs."""
+    runs = load_runs(path)
+    if runs:
+        return {path: runs}
+    found = {p: load_runs(p) for p in sorted(path.iterdir()) if p.is_dir()}
+    return {p: runs for p, runs in found.items() if runs}
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -264,12 +267,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         if not path.is_dir():
             print(f"report: no folder {path}", file=sys.stderr)
             continue
-        for folder in corpus_folders(path):
-            text = summarize(folder)
+        for folder, runs in corpus_folders(path).items():
+            text = summarize(folder, runs)
             found += 1
             if not args.no_write:
                 (folder / "SUMMARY.md").write_text(text, encoding="utf8")
-                runs = load_runs(folder)
                 plot_curves(folder, runs)
                 seeds = seed_summary(runs)
                 if seeds:

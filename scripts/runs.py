@@ -186,19 +186,19 @@ def run(args) -> int:
 
 
 def collect(folder: Path) -> Dict[str, List[float]]:
-    """spec -> F1 (in %) of each seed found in a sweep's metrics folder."""
+    """spec -> F1 (in %) of each seed found in a sweep's metrics folder (runs and their
+    sidecars told apart as scripts/report.py does)."""
+    if str(HERE) not in sys.path:
+        sys.path.insert(0, str(HERE))
+    from report import SEED, load_runs
+
     by_slug = {spec_slug(s): s for s in SWEEP}
     scores: Dict[str, List[float]] = {}
-    for path in sorted(folder.glob("*-seed*.json")):
-        stem = path.name[: -len(".json")]
-        if "." in stem:  # a sidecar (.train, .doc, .seqeval): spec slugs have no dots
-            continue
-        slug = stem.rsplit("-seed", 1)[0]
-        try:
-            f1 = json.loads(path.read_text()).get("ents_f")
-        except ValueError:
-            continue
-        scores.setdefault(by_slug.get(slug, slug), []).append(100 * float(f1 or 0.0))
+    for name, run in load_runs(folder).items():
+        match = SEED.match(name)
+        if match:
+            slug = match["name"]
+            scores.setdefault(by_slug.get(slug, slug), []).append(100 * float(run["metrics"]["ents_f"] or 0.0))
     return scores
 
 
