@@ -2,6 +2,7 @@
 
     python scripts/report.py metrics            # every metrics/<corpus>/ folder
     python scripts/report.py metrics/wnut17     # one corpus
+    python scripts/report.py metrics/conll03/recipe --split dev   # runs scored on dev
 
 A run is a `metrics/<corpus>/<run>.json` written by `spacy evaluate --output`
 (keys ents_f, ents_p, ents_r, ents_per_type, speed). Optional sidecars next to it:
@@ -152,18 +153,19 @@ def speed(value) -> str:
     return "–" if value is None else f"{float(value):,.0f}"
 
 
-def summarize(folder: Path, runs: Optional[Dict[str, dict]] = None) -> str:
-    """The Markdown summary of a corpus folder's runs (`runs`: load_runs(folder), read here if not given)."""
+def summarize(folder: Path, runs: Optional[Dict[str, dict]] = None, split: str = "test") -> str:
+    """The Markdown summary of a corpus folder's runs (`runs`: load_runs(folder), read here
+    if not given), scored on `split`."""
     runs = load_runs(folder) if runs is None else runs
     corpus = folder.name
     lines = [
         f"# {corpus}: NER results",
         "",
-        "Span-level scores from `spacy evaluate` (exact match of label and boundaries, in %).",
+        f"Span-level scores on {split} from `spacy evaluate` (exact match of label and boundaries, in %).",
         "seqeval F1: strict IOB2 span F1 recomputed by scripts/seqeval_check.py, where run.",
         "Training time and peak memory (CPU RSS of the training process) come from scripts/timed.py.",
         "",
-        "Documents F1: the same pipeline on whole documents (test.doc.spacy; CoNLL-2003 articles).",
+        f"Documents F1: the same pipeline on whole documents ({split}.doc.spacy; CoNLL-2003 articles).",
         "",
         "| run | F1 | P | R | documents F1 | seqeval F1 | words/s | training time | peak memory |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -190,7 +192,7 @@ def summarize(folder: Path, runs: Optional[Dict[str, dict]] = None) -> str:
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
     seeds = seed_summary(runs)
     if seeds:
-        lines += ["", "Over seeds (test F1 in %, mean ± sample standard deviation; best dev F1 of each",
+        lines += ["", f"Over seeds ({split} F1 in %, mean ± sample standard deviation; best dev F1 of each",
                   "seed's curve, averaged):", "",
                   "| run | seeds | F1 | documents F1 | best dev F1 | training time per run |",
                   "|---|---:|---:|---:|---:|---:|"]
@@ -260,6 +262,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("paths", nargs="*", type=Path, default=[Path("metrics")],
                         help="metrics/<corpus> folders, or a folder holding them (default: metrics)")
+    parser.add_argument("--split", default="test", help="the split the runs were scored on, for the headings (default test)")
     parser.add_argument("--no-write", action="store_true", help="print only, do not write SUMMARY.md")
     args = parser.parse_args(argv)
     found = 0
@@ -268,7 +271,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"report: no folder {path}", file=sys.stderr)
             continue
         for folder, runs in corpus_folders(path).items():
-            text = summarize(folder, runs)
+            text = summarize(folder, runs, args.split)
             found += 1
             if not args.no_write:
                 (folder / "SUMMARY.md").write_text(text, encoding="utf8")

@@ -314,6 +314,11 @@ def test_report(tmp_path, capsys):
     assert "| gemma3-all | 3 | 85.00 ± 5.00 | 75.00 ± 5.00 | 80.00 | 20 min |" in summary
     assert "| gemma3-none | 1 | 70.00 | – | – | – |" in summary  # one seed: no spread shown
     assert (corpus / "curves.png").stat().st_size > 1000 and "(curves.png)" in summary
+    assert "Span-level scores on test " in summary and "Over seeds (test F1" in summary
+    assert report.main([str(corpus), "--split", "dev", "--no-write"]) == 0  # runs scored on dev say so
+    dev_summary = capsys.readouterr().out
+    assert "Span-level scores on dev " in dev_summary and "Over seeds (dev F1" in dev_summary
+    assert "test" not in dev_summary.split("| run |")[0]
     assert report.order(["cnn", "gemma3-all", "all", "groups-0011", "gemma3-none", "none"]) == [
         "none", "all", "gemma3-none", "gemma3-all", "groups-0011", "cnn"]
     assert report.order(["cnn-seed0", "gemma3-all-seed10", "gemma3-all-seed2", "minilm-seed0", "gemma3-none-seed0"]) == [
