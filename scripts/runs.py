@@ -44,6 +44,7 @@ from typing import Dict, List, Optional, Tuple
 SWEEP = ["none", "all", "middle"] + [f"groups:{i:04b}" for i in range(16)]
 UNMASK_KEY = "components.ner.model.tok2vec.unmask"
 MODEL_KEY = "components.ner.model.tok2vec.name"
+LAYERS_KEY = "components.ner.model.tok2vec.num_layers"
 HERE = Path(__file__).resolve().parent
 # "auto" split -> the document-level file to prefer, when the corpus has one
 AUTO = {"train": "train.mix", "dev": "dev.doc"}
@@ -132,6 +133,8 @@ def train_command(args, run: dict) -> List[str]:
         command += [f"--{UNMASK_KEY}", run["spec"]]
     if args.model:
         command += [f"--{MODEL_KEY}", args.model]
+    if args.num_layers is not None:
+        command += [f"--{LAYERS_KEY}", str(args.num_layers)]
     if args.max_steps:
         command += ["--training.max_steps", str(args.max_steps)]
     return command + list(args.extra)
@@ -281,6 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--eval", nargs="+", default=["test", "test.doc"], help="splits to evaluate (default test test.doc)")
     r.add_argument("--seqeval", action="store_true", help="check the first --eval split's F1 with seqeval")
     r.add_argument("--model", default="", help=f"backbone ({MODEL_KEY}; default: the config's)")
+    r.add_argument("--num-layers", type=int, help=f"decoder layers kept ({LAYERS_KEY}: 0 all, N the first N, -N all but the last N; default: the config's)")
     r.add_argument("--max-steps", type=int, default=0, help="training.max_steps per run (0: the config's)")
     r.add_argument("--gpu-id", type=int, default=-1)
     r.add_argument("--python", default=sys.executable, help="interpreter for spacy train / evaluate (default this one)")

@@ -54,7 +54,8 @@ def resolve_source(name: str) -> Tuple[str, Optional[str]]:
 
 
 def load_config(name: str, *, trust_remote_code: bool = False, num_layers: int = 0):
-    """The model's config, checked to be a supported architecture, cut to `num_layers` (0: all)."""
+    """The model's config, checked to be a supported architecture, cut to `num_layers`
+    (0: all; N: the first N; -N: all but the last N)."""
     source, gguf_file = resolve_source(name)
     try:
         config = transformers.AutoConfig.from_pretrained(
@@ -76,15 +77,20 @@ def load_config(name: str, *, trust_remote_code: bool = False, num_layers: int =
 
 
 def truncate_config(config, num_layers: int, name: str) -> None:
-    """Keep the first `num_layers` decoder layers: later ones are neither loaded nor run."""
+    """Keep the first `num_layers` decoder layers (-N: all but the last N): later ones are
+    neither loaded nor run."""
     total = config.num_hidden_layers
-    if num_layers > total:
-        raise ValueError(f"num_layers {num_layers}: model {name!r} has only {total} decoder layers")
-    config.num_hidden_layers = num_layers
+    keep = num_layers if num_layers > 0 else total + num_layers
+    if not 1 <= keep <= total:
+        raise ValueError(
+            f"num_layers {num_layers}: model {name!r} has only {total} decoder layers "
+            f"(accepted: 1 to {total} keeps the first N, -1 to -{total - 1} all but the last N, 0 all)"
+        )
+    config.num_hidden_layers = keep
     if getattr(config, "layer_types", None) is not None:
-        config.layer_types = list(config.layer_types)[:num_layers]
+        config.layer_types = list(config.layer_types)[:keep]
     if getattr(config, "max_window_layers", None) is not None:  # Qwen2: layers below it are full attention
-        config.max_window_layers = min(config.max_window_layers, num_layers)
+        config.max_window_layers = min(config.max_window_layers, keep)
 
 
 def check_supported(config, name: str) -> None:

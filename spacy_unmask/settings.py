@@ -49,7 +49,8 @@ class BackboneSettings:
     """"attention" (the model's attention projections: q/k/v/o_proj, Phi-3's qkv/o), or
     names of linear layers of the decoder blocks (gate_proj, up_proj, ...)."""
     num_layers: int = 0
-    """Keep only the first N decoder layers (the rest are never loaded or run); 0: all."""
+    """Keep only the first N decoder layers (the rest are never loaded or run); 0: all;
+    -N: all but the last N (the same cut of the top for models of any depth)."""
     sentence_windows: bool = False
     """Where the Doc has sentence boundaries (a `sentencizer` or `senter` before the
     component, or the corpus), read each sentence in a window of its own, with
@@ -101,7 +102,11 @@ class BackboneSettings:
             raise ValueError(f"lora_dropout {self.lora_dropout!r}: must be in [0, 1)")
         if not self.lora_targets or not all(isinstance(t, str) and t for t in self.lora_targets):
             raise ValueError(f"lora_targets {self.lora_targets!r}: give 'attention' or names of linear layers")
-        _integer("num_layers", self.num_layers, 0, "0 (all layers) or a positive number of layers")
+        if not _is_int(self.num_layers):
+            raise ValueError(
+                f"num_layers {self.num_layers!r}: must be an integer: 0 (all layers), N (the first N) "
+                "or -N (all but the last N)"
+            )
         _integer("lookahead", self.lookahead, 0, "0 (no cap) or a positive number of pieces")
         _integer("window", self.window, 2, "an integer of at least 2 pieces")
         _integer("sentence_context", self.sentence_context, 0, "0 or a positive number of pieces")

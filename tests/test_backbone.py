@@ -209,8 +209,13 @@ def test_num_layers_keeps_the_first_layers_only(tiny_dirs):
     cut = get_backbone(tok2vec(name, "all", finetune="frozen", num_layers=2))
     for key, value in cut.model.state_dict().items():  # the kept layers are the model's own
         torch.testing.assert_close(value, full.model.state_dict()[key], atol=0, rtol=0)
-    with pytest.raises(ValueError, match="num_layers 9: model .* has only 4 decoder layers"):
-        tok2vec(name, "all", num_layers=9)
+    from_the_top = get_backbone(tok2vec(name, "all", finetune="frozen", num_layers=-2))  # all but the last 2
+    assert from_the_top.num_layers == 2
+    for key, value in from_the_top.model.state_dict().items():
+        torch.testing.assert_close(value, cut.model.state_dict()[key], atol=0, rtol=0)
+    for bad in (9, -4, -9):
+        with pytest.raises(ValueError, match=f"num_layers {bad}: model .* has only 4 decoder layers"):
+            tok2vec(name, "all", num_layers=bad)
 
 
 def test_get_backbone_on_pipelines_components_and_layers(tiny_dirs, tmp_path):

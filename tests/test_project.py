@@ -100,6 +100,9 @@ def test_training_commands_pass_runs_py_arguments_it_takes(project_copy):
     train = parsed["train"]
     assert (train.corpus, train.specs, train.seeds, train.prefix) == ("bc5cdr", ["0-3,10"], ["0", "1", "2"], "gemma3-")
     assert (train.train, train.dev, train.eval) == ("auto", "auto", ["test", "test.doc"])
+    assert train.num_layers == -6 and "--components.ner.model.tok2vec.num_layers" in " ".join(
+        runs.train_command(train, {"out_dir": Path("m"), "name": "r", "model_dir": Path("t"), "train": "a",
+                                   "dev": "b", "seed": 0, "spec": "all"}))
     conll = parsed["conll03-train"]
     assert conll.corpus == "conll03" and conll.specs == ["none", "all", "middle"] and conll.seqeval
     assert parsed["sweep-train"].specs == ["sweep"] and parsed["sweep-train"].delete_models
@@ -515,7 +518,8 @@ def test_all_workflow_end_to_end_on_a_tiny_model(tmp_path, tiny_dirs):
     assets = run("assets", ".")
     assert assets.returncode == 0, assets.stdout + assets.stderr
     assert not (project / "assets" / "conll2003").exists()
-    result = run("run", "all", ".", "--vars.model", tiny_dirs("llama", "bytelevel"), "--vars.max_steps", "4",
+    result = run("run", "all", ".", "--vars.model", tiny_dirs("llama", "bytelevel"), "--vars.num_layers", "0",
+                 "--vars.max_steps", "4",
                  "--vars.eval_frequency", "2", "--vars.train_limit", "30", "--vars.dev_limit", "20")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     metrics = json.loads((project / "metrics" / "wnut17" / "all-seed0.json").read_text())

@@ -773,7 +773,7 @@ def write_train_config(root: Path, model_dir: str) -> Path:
     DocBin(docs=docs[:2]).to_disk(root / "dev.spacy")
     config = Config().from_disk(ROOT / "configs" / "ner.cfg", interpolate=False)
     config["components"]["ner"]["model"]["tok2vec"].update(
-        name=model_dir, dtype="float32", window=WINDOW, stride=STRIDE, lora_r=4, max_batch_pieces=256
+        name=model_dir, dtype="float32", window=WINDOW, stride=STRIDE, lora_r=4, max_batch_pieces=256, num_layers=0
     )
     config["paths"]["train"] = str(root / "train.spacy")
     config["paths"]["dev"] = str(root / "dev.spacy")

@@ -37,7 +37,7 @@ def test_config_fills_defaults_from_the_settings():
         ("lora_r", 0, "lora_r 0: must be a positive integer"),
         ("lora_dropout", 1.0, "lora_dropout 1.0: must be in [0, 1)"),
         ("lora_targets", [], "lora_targets []"),
-        ("num_layers", -1, "num_layers -1"),
+        ("num_layers", 2.5, "num_layers 2.5: must be an integer"),
         ("window", 1, "window 1: must be an integer of at least 2"),
         ("stride", 300, "stride 300: must be between 1 and the window (256)"),
         ("max_batch_pieces", 0, "max_batch_pieces 0"),
