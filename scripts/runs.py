@@ -158,7 +158,7 @@ def run(args) -> int:
     failures = []
     for i, one in enumerate(runs, start=1):
         name, metrics = one["name"], one["evals"][0][1]
-        if metrics.exists() and not args.force:
+        if metrics.exists() and args.force != "true":
             print(f"[{i}/{len(runs)}] {name}: done already ({metrics} exists; --force reruns it)", flush=True)
             continue
         steps = [("training", train_command(args, one))] + evaluate_commands(args, one)
@@ -289,7 +289,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--gpu-id", type=int, default=-1)
     r.add_argument("--python", default=sys.executable, help="interpreter for spacy train / evaluate (default this one)")
     r.add_argument("--delete-models", action="store_true", help="delete each trained pipeline once evaluated")
-    r.add_argument("--force", action="store_true", help="rerun runs whose metrics exist")
+    r.add_argument("--force", nargs="?", const="true", default="false", choices=["true", "false"], type=str.lower,
+                   help="rerun runs whose metrics exist (--force or --force=true; default false: skip them)")
     r.add_argument("--stop-on-error", action="store_true")
     r.add_argument("--dry-run", action="store_true", help="print the commands only")
     r.add_argument("extra", nargs=argparse.REMAINDER, help="after --: more `spacy train` overrides")

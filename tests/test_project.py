@@ -100,6 +100,7 @@ def test_training_commands_pass_runs_py_arguments_it_takes(project_copy):
     train = parsed["train"]
     assert (train.corpus, train.specs, train.seeds, train.prefix) == ("bc5cdr", ["0-3,10"], ["0", "1", "2"], "gemma3-")
     assert (train.train, train.dev, train.eval) == ("auto", "auto", ["test", "test.doc"])
+    assert train.force == "true"  # the demo retrains, although its metrics are committed
     assert train.num_layers == -6 and "--components.ner.model.tok2vec.num_layers" in " ".join(
         runs.train_command(train, {"out_dir": Path("m"), "name": "r", "model_dir": Path("t"), "train": "a",
                                    "dev": "b", "seed": 0, "spec": "all"}))
