@@ -168,6 +168,9 @@ def run(args) -> int:
                 print(f"    then: {' '.join(command)}")
             continue
         one["out_dir"].mkdir(parents=True, exist_ok=True)
+        # spaCy's logger writes no curve where its file exists: an earlier or interrupted
+        # run's curve goes first
+        (one["out_dir"] / f"{name}.log.jsonl").unlink(missing_ok=True)
         t0 = time.perf_counter()
         for step, command in steps:
             if subprocess.call(command) != 0:

@@ -461,6 +461,31 @@ def test_runs_auto_prefers_documents_where_the_corpus_has_them(toy_corpus, capsy
     assert f"--paths.train {toy_corpus / 'train.spacy'}" in out
 
 
+def test_runs_force_retrains_and_drops_the_stale_curve(toy_corpus, capsys, monkeypatch):
+    """A rerun's curve must be its own: spaCy's logger would not overwrite the old file."""
+    metrics = toy_corpus.parent.parent / "metrics"
+    metrics.mkdir()
+    (metrics / "all-seed0.json").write_text(json.dumps({"ents_f": 0.5}))
+    (metrics / "all-seed0.log.jsonl").write_text('{"step": 0, "scores": {"ents_f": 99.0}}\n')
+    seen = []
+
+    def fake_call(command):
+        if "train" in command:  # the training step: the old curve is gone by now
+            seen.append((metrics / "all-seed0.log.jsonl").exists())
+        elif "evaluate" in command:
+            (metrics / "all-seed0.json").write_text(json.dumps({"ents_f": 0.75}))
+        return 0
+
+    monkeypatch.setattr(runs.subprocess, "call", fake_call)
+    base = ["run", "--corpus", "toy", "--corpus-dir", str(toy_corpus), "--metrics-dir", str(metrics),
+            "--training-dir", str(toy_corpus.parent.parent / "training"), "--specs", "all", "--eval", "test"]
+    assert runs.main(base) == 0 and seen == []  # resumed: nothing trained
+    assert runs.main(base + ["--force=false"]) == 0 and seen == []
+    assert runs.main(base + ["--force"]) == 0 and seen == [False]
+    assert json.loads((metrics / "all-seed0.json").read_text())["ents_f"] == 0.75
+    assert runs.main(base + ["--force=True"]) == 0 and seen == [False, False]
+
+
 def test_runs_resume_and_refuse_bad_settings(toy_corpus, capsys):
     metrics = toy_corpus.parent.parent / "metrics"
     metrics.mkdir()
