@@ -71,6 +71,13 @@ def parse_seeds(values: List[str]) -> List[int]:
     return seeds
 
 
+def parse_bool(value: str) -> bool:
+    """`true` / `false` (any case), as project.yml passes a boolean var."""
+    if value.lower() not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"{value!r}: give true or false")
+    return value.lower() == "true"
+
+
 def resolve_split(corpus: Path, split: str, role: str) -> Path:
     """corpus/<split>.spacy; "auto" prefers the documents file (AUTO) where it exists."""
     if split == "auto" and role in AUTO:
@@ -113,6 +120,7 @@ def plan(args) -> List[dict]:
                 "model_dir": train_root / name,
                 "evals": [(evals[s], out_dir / f"{name}{metrics_suffix(s)}.json") for s in args.eval],
                 "out_dir": out_dir,
+                "curve": out_dir / f"{name}.log.jsonl",
             })
     return runs
 
@@ -123,7 +131,7 @@ def train_command(args, run: dict) -> List[str]:
         sys.executable, str(HERE / "timed.py"), "--output", f"{out}.train.json", "--",
         args.python, "-m", "spacy", "train", str(args.config),
         "--output", str(run["model_dir"]),
-        "--training.logger.output_file", f"{out}.log.jsonl",
+        "--training.logger.output_file", str(run["curve"]),
         "--paths.train", str(run["train"]),
         "--paths.dev", str(run["dev"]),
         "--system.seed", str(run["seed"]),
@@ -158,7 +166,7 @@ def run(args) -> int:
     failures = []
     for i, one in enumerate(runs, start=1):
         name, metrics = one["name"], one["evals"][0][1]
-        if metrics.exists() and args.force != "true":
+        if metrics.exists() and not args.force:
             print(f"[{i}/{len(runs)}] {name}: done already ({metrics} exists; --force reruns it)", flush=True)
             continue
         steps = [("training", train_command(args, one))] + evaluate_commands(args, one)
@@ -170,7 +178,7 @@ def run(args) -> int:
         one["out_dir"].mkdir(parents=True, exist_ok=True)
         # spaCy's logger writes no curve where its file exists: an earlier or interrupted
         # run's curve goes first
-        (one["out_dir"] / f"{name}.log.jsonl").unlink(missing_ok=True)
+        one["curve"].unlink(missing_ok=True)
         t0 = time.perf_counter()
         for step, command in steps:
             if subprocess.call(command) != 0:
@@ -292,7 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--gpu-id", type=int, default=-1)
     r.add_argument("--python", default=sys.executable, help="interpreter for spacy train / evaluate (default this one)")
     r.add_argument("--delete-models", action="store_true", help="delete each trained pipeline once evaluated")
-    r.add_argument("--force", nargs="?", const="true", default="false", choices=["true", "false"], type=str.lower,
+    r.add_argument("--force", nargs="?", const=True, default=False, type=parse_bool,
                    help="rerun runs whose metrics exist (--force or --force=true; default false: skip them)")
     r.add_argument("--stop-on-error", action="store_true")
     r.add_argument("--dry-run", action="store_true", help="print the commands only")

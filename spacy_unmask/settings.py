@@ -9,6 +9,7 @@ when the object is made; the `unmask` spec is parsed here and resolved against
 the model's layer count once, when the model loads.
 """
 import inspect
+import math
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import List
 
@@ -102,11 +103,8 @@ class BackboneSettings:
             raise ValueError(f"lora_dropout {self.lora_dropout!r}: must be in [0, 1)")
         if not self.lora_targets or not all(isinstance(t, str) and t for t in self.lora_targets):
             raise ValueError(f"lora_targets {self.lora_targets!r}: give 'attention' or names of linear layers")
-        if not _is_int(self.num_layers):
-            raise ValueError(
-                f"num_layers {self.num_layers!r}: must be an integer: 0 (all layers), N (the first N) "
-                "or -N (all but the last N)"
-            )
+        _integer("num_layers", self.num_layers, -math.inf,
+                 "an integer: 0 (all layers), N (the first N) or -N (all but the last N)")
         _integer("lookahead", self.lookahead, 0, "0 (no cap) or a positive number of pieces")
         _integer("window", self.window, 2, "an integer of at least 2 pieces")
         _integer("sentence_context", self.sentence_context, 0, "0 or a positive number of pieces")

@@ -100,10 +100,10 @@ def test_training_commands_pass_runs_py_arguments_it_takes(project_copy):
     train = parsed["train"]
     assert (train.corpus, train.specs, train.seeds, train.prefix) == ("bc5cdr", ["0-3,10"], ["0", "1", "2"], "gemma3-")
     assert (train.train, train.dev, train.eval) == ("auto", "auto", ["test", "test.doc"])
-    assert train.force == "true"  # the demo retrains, although its metrics are committed
+    assert train.force is True  # the demo retrains, although its metrics are committed
     assert train.num_layers == -6 and "--components.ner.model.tok2vec.num_layers" in " ".join(
         runs.train_command(train, {"out_dir": Path("m"), "name": "r", "model_dir": Path("t"), "train": "a",
-                                   "dev": "b", "seed": 0, "spec": "all"}))
+                                   "dev": "b", "seed": 0, "spec": "all", "curve": Path("m/r.log.jsonl")}))
     conll = parsed["conll03-train"]
     assert conll.corpus == "conll03" and conll.specs == ["none", "all", "middle"] and conll.seqeval
     assert parsed["sweep-train"].specs == ["sweep"] and parsed["sweep-train"].delete_models
@@ -484,6 +484,8 @@ def test_runs_force_retrains_and_drops_the_stale_curve(toy_corpus, capsys, monke
     assert runs.main(base + ["--force"]) == 0 and seen == [False]
     assert json.loads((metrics / "all-seed0.json").read_text())["ents_f"] == 0.75
     assert runs.main(base + ["--force=True"]) == 0 and seen == [False, False]
+    with pytest.raises(SystemExit):
+        runs.build_parser().parse_args(base + ["--force=maybe"])
 
 
 def test_runs_resume_and_refuse_bad_settings(toy_corpus, capsys):
