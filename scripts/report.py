@@ -14,7 +14,10 @@ training). Runs named `<name>-seed<N>` are also gathered per name:
 `metrics/<corpus>/summary.json` maps each name to {"mean_f", "std_f", "seeds",
 "f", "doc_mean_f", "doc_std_f", "train_minutes", "dev_best_f"} (F1 in percent; std
 is the sample standard deviation, 0 for one seed; dev_best_f: the best dev F1 of each
-seed's curve, averaged). Writes `metrics/<corpus>/SUMMARY.md`, summary.json and, where
+seed's curve, averaged). SUMMARY.md ends with the goals of the quality issue, judged from
+these means: each unmasked run (`<prefix>all`) against its causal twin (`<prefix>none`;
+the gap must exceed three standard deviations) and against the baselines (cnn, minilm),
+on sentences and on whole documents. Writes `metrics/<corpus>/SUMMARY.md`, summary.json and, where
 runs have dev curves, curves.png (dev F1 against step, one line per seed), and prints
 the table.
 """
@@ -105,6 +108,50 @@ def seed_summary(runs: Dict[str, dict]) -> Dict[str, dict]:
             "dev_best_f": round(statistics.mean(best_dev), 2) if len(best_dev) == len(f) else None,
         }
     return summary
+
+
+def comparisons(runs: Dict[str, dict], seeds: Dict[str, dict]) -> List[str]:
+    """Markdown rows for the issue's goals, one set per unmasked run name (`<prefix>all`):
+    against its causal twin (`<prefix>none`), on sentences and on whole documents, the gap
+    in mean F1 must exceed three standard deviations (the larger of the two runs' spreads
+    over seeds; judged only with two or more seeds of each); against each baseline (cnn,
+    minilm, with or without seeds) the unmasked mean must be higher."""
+
+    def score(name, reading):
+        """(mean F1, spread, number of seeds) of a run name on "sentences" or "documents"."""
+        mean_key, std_key = ("mean_f", "std_f") if reading == "sentences" else ("doc_mean_f", "doc_std_f")
+        if name in seeds:
+            row = seeds[name]
+            return None if row[mean_key] is None else (row[mean_key], row[std_key], len(row["seeds"]))
+        run = runs.get(name)
+        metrics = run and (run["metrics"] if reading == "sentences" else run["doc"])
+        return (round(100 * float(metrics["ents_f"]), 2), 0.0, 1) if metrics else None
+
+    rows = []
+    for name in seeds:
+        if name != "all" and not name.endswith("-all"):
+            continue
+        causal_name = name[: -len("all")] + "none"
+        for reading in ("sentences", "documents"):
+            unmasked = score(name, reading)
+            if unmasked is None:
+                continue
+            f, std, n = unmasked
+            causal = score(causal_name, reading)
+            if causal is None:
+                rows.append(f"| {name} − {causal_name} > 3 sd, {reading} | {f:.2f} vs – | | | no causal run |")
+            else:
+                gap, spread = f - causal[0], max(std, causal[1])
+                verdict = (f"not judged ({n} / {causal[2]} seeds)" if min(n, causal[2]) < 2
+                           else "met" if gap > 3 * spread else "missed")
+                rows.append(f"| {name} − {causal_name} > 3 sd, {reading} | {f:.2f} vs {causal[0]:.2f} "
+                            f"| {gap:+.2f} | {3 * spread:.2f} | {verdict} |")
+            for baseline in LAST:  # seed runs cnn-seed<N> are gathered as "cnn"
+                other = score(baseline, reading)
+                if other is not None:
+                    rows.append(f"| {name} > {baseline}, {reading} | {f:.2f} vs {other[0]:.2f} | {f - other[0]:+.2f} "
+                                f"| 0.00 | {'met' if f > other[0] else 'missed'} |")
+    return rows
 
 
 def order(names) -> List[str]:
@@ -207,6 +254,11 @@ def summarize(folder: Path, runs: Optional[Dict[str, dict]] = None, split: str =
             dev = "–" if row["dev_best_f"] is None else f"{row['dev_best_f']:.2f}"
             lines.append(f"| {name} | {len(row['seeds'])} | {cell(row['mean_f'], row['std_f'])} | {doc} | {dev} "
                          f"| {minutes} |")
+    goals = comparisons(runs, seeds)
+    if goals:
+        lines += ["", f"Goals ({split} F1 means over seeds; a gap must exceed three standard deviations, the",
+                  "larger of the two runs' spreads, judged with two or more seeds of each):", "",
+                  "| goal | F1 | difference | threshold | verdict |", "|---|---:|---:|---:|---|"] + goals
     if any(run["curve"] and SEED.match(name) for name, run in runs.items()):
         lines += ["", "Dev curves of the seed runs: [curves.png](curves.png)."]
     extras = [f"[{p.name}]({p.name})" for p in (folder / "sweep.md", folder / "sweep.png") if p.exists()]

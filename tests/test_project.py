@@ -323,11 +323,33 @@ def test_report(tmp_path, capsys):
     dev_summary = capsys.readouterr().out
     assert "Span-level scores on dev " in dev_summary and "Over seeds (dev F1" in dev_summary
     assert "test" not in dev_summary.split("| run |")[0]
+    assert "| gemma3-all − gemma3-none > 3 sd, sentences | 85.00 vs 70.00 | +15.00 | 15.00 | not judged (3 / 1 seeds) |" in summary
+    assert "| gemma3-all > cnn, sentences | 85.00 vs 25.00 | +60.00 | 0.00 | met |" in summary
+    assert "gemma3-all > cnn, documents" not in summary  # the baseline was not read as documents
     assert report.order(["cnn", "gemma3-all", "all", "groups-0011", "gemma3-none", "none"]) == [
         "none", "all", "gemma3-none", "gemma3-all", "groups-0011", "cnn"]
     assert report.order(["cnn-seed0", "gemma3-all-seed10", "gemma3-all-seed2", "minilm-seed0", "gemma3-none-seed0"]) == [
         "gemma3-none-seed0", "gemma3-all-seed2", "gemma3-all-seed10", "cnn-seed0", "minilm-seed0"]
 
+
+
+def test_report_goals_judge_gaps_against_the_spread_over_seeds():
+    def row(mean, std, n, doc=None):
+        return {"mean_f": mean, "std_f": std, "seeds": list(range(n)), "doc_mean_f": doc,
+                "doc_std_f": None if doc is None else std}
+
+    runs = {"minilm": {"metrics": {"ents_f": 0.9}, "doc": None}}
+    seeds = {"x-none": row(80.0, 1.0, 3, doc=88.0), "x-all": row(90.0, 2.0, 3, doc=93.0), "cnn": row(91.0, 0.5, 2)}
+    rows = report.comparisons(runs, seeds)
+    # sentences: +10 > 3 x max(2, 1); documents: +5 < 6; below the CNN, above MiniLM (90 vs 90 is not above)
+    assert rows == [
+        "| x-all − x-none > 3 sd, sentences | 90.00 vs 80.00 | +10.00 | 6.00 | met |",
+        "| x-all > cnn, sentences | 90.00 vs 91.00 | -1.00 | 0.00 | missed |",
+        "| x-all > minilm, sentences | 90.00 vs 90.00 | +0.00 | 0.00 | missed |",
+        "| x-all − x-none > 3 sd, documents | 93.00 vs 88.00 | +5.00 | 6.00 | missed |",
+    ]
+    assert report.comparisons(runs, {"all": row(90.0, 0.0, 1)})[0] == "| all − none > 3 sd, sentences | 90.00 vs – | | | no causal run |"
+    assert report.comparisons(runs, {"x-none": row(80.0, 1.0, 3)}) == []  # no unmasked run: no goal
 
 # --- seqeval_check.py ----------------------------------------------------------------
 
