@@ -5,6 +5,9 @@ file, or the name of a registry-carried model (`download.py`). Only the
 supported architectures load; code from a model repository never runs unless
 asked for.
 """
+import contextlib
+import re
+import warnings
 from pathlib import Path
 from typing import Optional, Tuple
 
@@ -125,17 +128,56 @@ def load_decoder(
     dtype_kwarg = "dtype" if _TRANSFORMERS_5 else "torch_dtype"
     # Load through the causal-LM class: AutoModel on a checkpoint saved from
     # *ForCausalLM can silently re-initialise the weights (transformers 4.53, Gemma 3).
-    lm = transformers.AutoModelForCausalLM.from_pretrained(
-        source,
-        config=config,
-        gguf_file=gguf_file,
-        attn_implementation=choose_attention(config, attn_implementation),
-        trust_remote_code=trust_remote_code,
-        **{dtype_kwarg: dtype},
-    )
+    # transformers' own load report would list every weight of the layers that
+    # `num_layers` cut off as unused; the report is made here instead, without them.
+    with _transformers_quiet():
+        lm, info = transformers.AutoModelForCausalLM.from_pretrained(
+            source,
+            config=config,
+            gguf_file=gguf_file,
+            attn_implementation=choose_attention(config, attn_implementation),
+            trust_remote_code=trust_remote_code,
+            output_loading_info=True,
+            **{dtype_kwarg: dtype},
+        )
+    warn_about_loading(info, name, config.num_hidden_layers)
     model = lm.get_decoder()
     del lm
     return model, load_tokenizer(source, gguf_file=gguf_file, trust_remote_code=trust_remote_code)
+
+
+_LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def warn_about_loading(info: dict, name: str, num_layers: int) -> None:
+    """A warning for what `from_pretrained(output_loading_info=True)` found amiss: weights
+    the model expected but the checkpoint lacks (left at random), weights of another
+    shape, and unused checkpoint weights other than those of layers `num_layers` and up
+    (cut off on purpose)."""
+
+    def cut_off(key: str) -> bool:
+        match = _LAYER_INDEX.search(key)
+        return match is not None and int(match.group(1)) >= num_layers
+
+    problems = {
+        "missing from the checkpoint (left randomly initialised)": sorted(map(str, info.get("missing_keys", ()))),
+        "of another shape in the checkpoint": sorted(map(str, info.get("mismatched_keys", ()))),
+        "in the checkpoint but not used": sorted(k for k in info.get("unexpected_keys", ()) if not cut_off(k)),
+    }
+    found = [f"{what}: {', '.join(keys)}" for what, keys in problems.items() if keys]
+    if found:
+        warnings.warn(f"model {name!r}: weights " + "; weights ".join(found), stacklevel=3)
+
+
+@contextlib.contextmanager
+def _transformers_quiet():
+    """transformers logs errors only, inside the block."""
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        transformers.logging.set_verbosity(verbosity)
 
 
 def decoder_from_config(config, *, attn_implementation: str, dtype: torch.dtype):

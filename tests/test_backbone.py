@@ -201,9 +201,14 @@ def test_a_layer_without_its_mask_fails_loudly(tiny_dirs):
         backbone.model(input_ids=ids, attention_mask=torch.ones_like(ids))
 
 
-def test_num_layers_keeps_the_first_layers_only(tiny_dirs):
+def test_num_layers_keeps_the_first_layers_only(tiny_dirs, capfd):
+    import warnings
+
     name = tiny_dirs("llama", "metaspace")
-    short = get_backbone(tok2vec(name, "all", num_layers=2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the cut-off layers' weights are unused on purpose: no warning
+        short = get_backbone(tok2vec(name, "all", num_layers=2))
+    assert "layers.3" not in capfd.readouterr().err  # nor transformers' report of unused weights
     assert short.num_layers == 2 and len(short.model.layers) == 2
     full = get_backbone(tok2vec(name, "all", finetune="frozen"))
     cut = get_backbone(tok2vec(name, "all", finetune="frozen", num_layers=2))
@@ -216,6 +221,23 @@ def test_num_layers_keeps_the_first_layers_only(tiny_dirs):
     for bad in (9, -4, -9):
         with pytest.raises(ValueError, match=f"num_layers {bad}: model .* has only 4 decoder layers"):
             tok2vec(name, "all", num_layers=bad)
+
+
+def test_loading_problems_other_than_the_cut_layers_are_still_reported():
+    import warnings
+
+    from spacy_unmask.loading import warn_about_loading
+
+    info = {"missing_keys": {"model.norm.weight"}, "mismatched_keys": [],
+            "unexpected_keys": {"model.layers.2.mlp.up_proj.weight", "model.layers.1.extra", "lm_head.bias"}}
+    with pytest.warns(UserWarning) as caught:
+        warn_about_loading(info, "some/model", num_layers=2)
+    message = str(caught[0].message)
+    assert "missing from the checkpoint (left randomly initialised): model.norm.weight" in message
+    assert "not used: lm_head.bias, model.layers.1.extra" in message and "layers.2" not in message
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # only cut-off layers unused: nothing to say
+        warn_about_loading({"missing_keys": [], "unexpected_keys": ["model.layers.2.x"]}, "m", num_layers=2)
 
 
 def test_get_backbone_on_pipelines_components_and_layers(tiny_dirs, tmp_path):
