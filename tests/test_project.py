@@ -332,7 +332,6 @@ def test_report(tmp_path, capsys):
         "gemma3-none-seed0", "gemma3-all-seed2", "gemma3-all-seed10", "cnn-seed0", "minilm-seed0"]
 
 
-
 def test_report_goals_judge_gaps_against_the_spread_over_seeds():
     def row(mean, std, n, doc=None):
         return {"mean_f": mean, "std_f": std, "seeds": list(range(n)), "doc_mean_f": doc,
@@ -350,6 +349,7 @@ def test_report_goals_judge_gaps_against_the_spread_over_seeds():
     ]
     assert report.comparisons(runs, {"all": row(90.0, 0.0, 1)})[0] == "| all − none > 3 sd, sentences | 90.00 vs – | | | no causal run |"
     assert report.comparisons(runs, {"x-none": row(80.0, 1.0, 3)}) == []  # no unmasked run: no goal
+
 
 # --- seqeval_check.py ----------------------------------------------------------------
 
