@@ -144,8 +144,9 @@ def comparisons(runs: Dict[str, dict], seeds: Dict[str, dict]) -> List[str]:
                 gap, spread = f - causal[0], max(std, causal[1])
                 verdict = (f"not judged ({n} / {causal[2]} seeds)" if min(n, causal[2]) < 2
                            else "met" if gap > 3 * spread else "missed")
+                threshold = f"{3 * spread:.2f}" if max(n, causal[2]) > 1 else "–"  # no spread known yet
                 rows.append(f"| {name} − {causal_name} > 3 sd, {reading} | {f:.2f} vs {causal[0]:.2f} "
-                            f"| {gap:+.2f} | {3 * spread:.2f} | {verdict} |")
+                            f"| {gap:+.2f} | {threshold} | {verdict} |")
             for baseline in LAST:  # seed runs cnn-seed<N> are gathered as "cnn"
                 other = score(baseline, reading)
                 if other is not None:

@@ -349,6 +349,8 @@ def test_report_goals_judge_gaps_against_the_spread_over_seeds():
     ]
     assert report.comparisons(runs, {"all": row(90.0, 0.0, 1)})[0] == "| all − none > 3 sd, sentences | 90.00 vs – | | | no causal run |"
     assert report.comparisons(runs, {"x-none": row(80.0, 1.0, 3)}) == []  # no unmasked run: no goal
+    one_each = report.comparisons({}, {"x-none": row(80.0, 0.0, 1), "x-all": row(90.0, 0.0, 1)})
+    assert one_each[0] == "| x-all − x-none > 3 sd, sentences | 90.00 vs 80.00 | +10.00 | – | not judged (1 / 1 seeds) |"
 
 
 # --- seqeval_check.py ----------------------------------------------------------------
