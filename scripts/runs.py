@@ -4,9 +4,11 @@
     python scripts/runs.py run --corpus conll03 --specs none all --seeds 0 1 2 \
         --max-steps 1000 --prefix gemma3- --seqeval
 
-    # the mask study on dev: none, all, middle and groups:0000 ... groups:1111
+    # the mask study on dev: none, all, middle and groups:0001 ... groups:1110, each
+    # evaluated once, at its last step
     python scripts/runs.py run --corpus conll03 --specs sweep --seeds 1 2 3 --max-steps 250 \
-        --eval dev --metrics-dir metrics/conll03/sweep --training-dir training/conll03/sweep --delete-models
+        --eval dev --metrics-dir metrics/conll03/sweep --training-dir training/conll03/sweep --delete-models \
+        -- --training.eval_frequency 250
     python scripts/runs.py plot --corpus conll03 --metrics-dir metrics/conll03/sweep
 
     # a baseline: a config of its own, no unmask setting
@@ -41,7 +43,11 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-SWEEP = ["none", "all", "middle"] + [f"groups:{i:04b}" for i in range(16)]
+# Dukic & Snajder's 16 patterns of four layer groups, and the middle band: groups:0000 and
+# groups:1111 resolve to the same layers as none and all (the same model at a seed), so
+# the sweep trains them once, under those names
+SWEEP = ["none", "all", "middle"] + [f"groups:{i:04b}" for i in range(1, 15)]
+SAME_AS = {"none": "groups:0000", "all": "groups:1111"}
 UNMASK_KEY = "components.ner.model.tok2vec.unmask"
 MODEL_KEY = "components.ner.model.tok2vec.name"
 LAYERS_KEY = "components.ner.model.tok2vec.num_layers"
@@ -206,7 +212,7 @@ def collect(folder: Path) -> Dict[str, List[float]]:
         sys.path.insert(0, str(HERE))
     from report import SEED, load_runs
 
-    by_slug = {spec_slug(s): s for s in SWEEP}
+    by_slug = {spec_slug(s): s for s in SWEEP + list(SAME_AS.values())}
     scores: Dict[str, List[float]] = {}
     for name, run in load_runs(folder).items():
         match = SEED.match(name)
@@ -221,13 +227,18 @@ def ordered(specs) -> List[str]:
     return known + sorted(s for s in specs if s not in SWEEP)
 
 
+def label(spec: str) -> str:
+    """none -> "none = groups:0000": the name a sweep spec is shown under."""
+    return f"{spec} = {SAME_AS[spec]}" if spec in SAME_AS else spec
+
+
 def table(scores: Dict[str, List[float]], title: str) -> str:
     lines = [f"# {title}", "", "F1 in %, over seeds.", "",
              "| spec | mean F1 | std | min | max | seeds |", "|---|---:|---:|---:|---:|---:|"]
     for spec in ordered(scores):
         values = scores[spec]
         std = statistics.stdev(values) if len(values) > 1 else 0.0
-        lines.append(f"| {spec} | {statistics.mean(values):.2f} | {std:.2f} | {min(values):.2f} "
+        lines.append(f"| {label(spec)} | {statistics.mean(values):.2f} | {std:.2f} | {min(values):.2f} "
                      f"| {max(values):.2f} | {len(values)} |")
     return "\n".join(lines) + "\n"
 
@@ -262,7 +273,7 @@ def plot(args) -> int:
         ax.scatter([x + 0.25 + o for o in offsets], values, color="C1", s=14, alpha=0.8, zorder=2,
                    label="one seed" if first else None)
     ax.set_xticks(range(len(specs)))
-    ax.set_xticklabels([s.replace("groups:", "g:") for s in specs], rotation=60, ha="right")
+    ax.set_xticklabels([label(s).replace("groups:", "g:") for s in specs], rotation=60, ha="right")
     ax.set_xlabel("unmasked layers (g:abcd = four layer groups, input side first)")
     ax.set_ylabel("span F1 (%)")
     ax.set_title(title)
@@ -286,7 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--training-dir", help="default training/<corpus>")
     r.add_argument("--config", type=Path, default=Path("configs/ner.cfg"))
     r.add_argument("--specs", nargs="+", metavar="SPEC",
-                   help="unmask settings, space-separated (`sweep`: none, all, middle, groups:0000..1111)")
+                   help="unmask settings, space-separated (`sweep`: none, all, middle, groups:0001..1110)")
     r.add_argument("--name", help="run name for a config without an unmask setting (baselines)")
     r.add_argument("--seeds", nargs="+", default=["0"], help="seeds, e.g. 0 1 2 (default 0)")
     r.add_argument("--prefix", default="", help="run name prefix, e.g. gemma3-")

@@ -106,7 +106,10 @@ def test_training_commands_pass_runs_py_arguments_it_takes(project_copy):
                                    "dev": "b", "seed": 0, "spec": "all", "curve": Path("m/r.log.jsonl")}))
     conll = parsed["conll03-train"]
     assert conll.corpus == "conll03" and conll.specs == ["none", "all", "middle"] and conll.seqeval
-    assert parsed["sweep-train"].specs == ["sweep"] and parsed["sweep-train"].delete_models
+    sweep = parsed["sweep-train"]
+    assert sweep.specs == ["sweep"] and sweep.delete_models
+    # one evaluation, at the last step: the model scored is the one trained for the budget
+    assert sweep.extra[-2:] == ["--training.eval_frequency", str(sweep.max_steps)]
     assert parsed["cnn"].name == "cnn" and parsed["minilm"].python == ".venv-t4/bin/python"
     assert parsed["minilm"].extra[-2] == "--paths.minilm"
     assert parsed["cnn"].seeds == parsed["minilm"].seeds == train.seeds
@@ -426,8 +429,9 @@ def test_seqeval_check_reports_disagreement(tmp_path):
 
 
 def test_sweep_specs_plot(tmp_path, capsys):
-    assert len(runs.SWEEP) == 19 and runs.SWEEP[:3] == ["none", "all", "middle"]
-    assert runs.SWEEP[3] == "groups:0000" and runs.SWEEP[-1] == "groups:1111"
+    # the 16 patterns and the middle band, each trained once: groups:0000 is none, 1111 all
+    assert runs.SWEEP[:3] == ["none", "all", "middle"] and len(set(runs.SWEEP)) == 17
+    assert runs.SWEEP[3] == "groups:0001" and runs.SWEEP[-1] == "groups:1110"
     folder = tmp_path / "metrics" / "toy" / "sweep"
     folder.mkdir(parents=True)
     for spec, values in {"none": [0.5, 0.6], "groups:0110": [0.7, 0.8, 0.75]}.items():
@@ -437,7 +441,7 @@ def test_sweep_specs_plot(tmp_path, capsys):
     (folder / "none-seed1.doc.json").write_text(json.dumps({"ents_f": 0.1}))  # a sidecar, not a seed
     assert runs.main(["plot", "--corpus", "toy", "--metrics-dir", str(folder)]) == 0
     table = (folder.parent / "sweep.md").read_text()
-    assert "| none | 55.00 | 7.07 | 50.00 | 60.00 | 2 |" in table
+    assert "| none = groups:0000 | 55.00 | 7.07 | 50.00 | 60.00 | 2 |" in table
     assert "| groups:0110 | 75.00 | 5.00 | 70.00 | 80.00 | 3 |" in table
     assert (folder.parent / "sweep.png").stat().st_size > 1000
 
