@@ -205,9 +205,9 @@ def run(args) -> int:
     return 0
 
 
-def collect(folder: Path) -> Dict[str, List[float]]:
+def collect(folder: Path, prefix: str = "") -> Dict[str, List[float]]:
     """spec -> F1 (in %) of each seed found in a sweep's metrics folder (runs and their
-    sidecars told apart as scripts/report.py does)."""
+    sidecars told apart as scripts/report.py does); `prefix` is the runs' name prefix."""
     if str(HERE) not in sys.path:
         sys.path.insert(0, str(HERE))
     from report import SEED, load_runs
@@ -218,6 +218,7 @@ def collect(folder: Path) -> Dict[str, List[float]]:
         match = SEED.match(name)
         if match:
             slug = match["name"]
+            slug = slug[len(prefix):] if prefix and slug.startswith(prefix) else slug
             scores.setdefault(by_slug.get(slug, slug), []).append(100 * float(run["metrics"]["ents_f"] or 0.0))
     return scores
 
@@ -245,7 +246,7 @@ def table(scores: Dict[str, List[float]], title: str) -> str:
 
 def plot(args) -> int:
     folder = Path(args.metrics_dir or f"metrics/{args.corpus}/sweep")
-    scores = collect(folder) if folder.is_dir() else {}
+    scores = collect(folder, args.prefix) if folder.is_dir() else {}
     if not scores:
         print(f"no sweep metrics in {folder}", file=sys.stderr)
         return 1
@@ -323,6 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-split", default="dev", help="split the sweep was scored on (for the title)")
     p.add_argument("--output", help="default metrics/<corpus>/sweep.png")
     p.add_argument("--table", help="default metrics/<corpus>/sweep.md")
+    p.add_argument("--prefix", default="", help="the runs' name prefix (run --prefix), e.g. gemma3-")
     p.add_argument("--title")
     return parser
 

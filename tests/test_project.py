@@ -110,6 +110,7 @@ def test_training_commands_pass_runs_py_arguments_it_takes(project_copy):
     assert sweep.specs == ["sweep"] and sweep.delete_models
     # one evaluation, at the last step: the model scored is the one trained for the budget
     assert sweep.extra[-2:] == ["--training.eval_frequency", str(sweep.max_steps)]
+    assert parsed["sweep-plot"].prefix == sweep.prefix == "gemma3-"  # the plot finds the runs by spec
     assert parsed["cnn"].name == "cnn" and parsed["minilm"].python == ".venv-t4/bin/python"
     assert parsed["minilm"].extra[-2] == "--paths.minilm"
     assert parsed["cnn"].seeds == parsed["minilm"].seeds == train.seeds
@@ -444,6 +445,13 @@ def test_sweep_specs_plot(tmp_path, capsys):
     assert "| none = groups:0000 | 55.00 | 7.07 | 50.00 | 60.00 | 2 |" in table
     assert "| groups:0110 | 75.00 | 5.00 | 70.00 | 80.00 | 3 |" in table
     assert (folder.parent / "sweep.png").stat().st_size > 1000
+    # runs of a backbone prefix (sweep-train --vars.run_prefix gemma3-) are shown by spec
+    prefixed = tmp_path / "metrics" / "toy" / "gemma3-sweep"
+    prefixed.mkdir()
+    (prefixed / f"{runs.run_name('groups:0110', 1, 'gemma3-')}.json").write_text(json.dumps({"ents_f": 0.7}))
+    assert runs.main(["plot", "--corpus", "toy", "--metrics-dir", str(prefixed), "--prefix=gemma3-",
+                      "--table", str(tmp_path / "g.md"), "--output", str(tmp_path / "g.png")]) == 0
+    assert "| groups:0110 | 70.00 |" in (tmp_path / "g.md").read_text()
 
 
 @pytest.fixture
