@@ -212,7 +212,8 @@ def collect(folder: Path, prefix: str = "") -> Dict[str, List[float]]:
         sys.path.insert(0, str(HERE))
     from report import SEED, load_runs
 
-    by_slug = {spec_slug(s): s for s in SWEEP + list(SAME_AS.values())}
+    by_slug = {spec_slug(s): s for s in SWEEP}
+    by_slug.update({spec_slug(same): spec for spec, same in SAME_AS.items()})  # older sweeps trained both
     scores: Dict[str, List[float]] = {}
     for name, run in load_runs(folder).items():
         match = SEED.match(name)
