@@ -218,8 +218,7 @@ def collect(folder: Path, prefix: str = "") -> Dict[str, List[float]]:
     for name, run in load_runs(folder).items():
         match = SEED.match(name)
         if match:
-            slug = match["name"]
-            slug = slug[len(prefix):] if prefix and slug.startswith(prefix) else slug
+            slug = match["name"].removeprefix(prefix)
             scores.setdefault(by_slug.get(slug, slug), []).append(100 * float(run["metrics"]["ents_f"] or 0.0))
     return scores
 
