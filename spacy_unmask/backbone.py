@@ -167,7 +167,9 @@ class Backbone(nn.Module):
 
     def predict(self, batch: PieceBatch) -> List[torch.Tensor]:
         self.set_merged(self.merge_for_inference)
-        self.eval()
+        if self.training or self.model.training:
+            # only after a training step: eval() walks every submodule (~1% of nlp.pipe)
+            self.eval()
         with torch.inference_mode():
             return self(batch)
 

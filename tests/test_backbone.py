@@ -261,3 +261,18 @@ def test_get_backbone_on_pipelines_components_and_layers(tiny_dirs, tmp_path):
     assert loaded.get_pipe("ner").model.get_ref("tok2vec").attrs["settings"] is settings
     with pytest.raises(ValueError, match="no spacy_unmask backbone"):
         get_backbone(spacy.blank("en"))
+
+
+def test_prediction_after_a_training_pass_runs_without_dropout(tiny_dirs):
+    model = tok2vec(tiny_dirs("llama"), "all", lora_dropout=0.5)
+    torch.manual_seed(0)
+    with torch.no_grad():  # as after some training: LoRA starts at zero, where dropout has no effect
+        for name, param in get_backbone(model).named_parameters():
+            if "lora_B" in name:
+                param.normal_(std=0.5)
+    docs = [nlp(SENTENCE)]
+    before = model.predict(docs)[0]
+    model.begin_update(docs)  # training mode: LoRA dropout on
+    first, second = model.predict(docs)[0], model.predict(docs)[0]
+    np.testing.assert_array_equal(first, second)
+    np.testing.assert_array_equal(first, before)  # no optimizer step: the same model
