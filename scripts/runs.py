@@ -234,12 +234,12 @@ def label(spec: str) -> str:
 
 
 def table(scores: Dict[str, List[float]], title: str) -> str:
-    lines = [f"# {title}", "", "F1 in %, over seeds.", "",
+    lines = [f"# {title}", "", "F1 in %, over seeds (std: sample standard deviation; – for one seed).", "",
              "| spec | mean F1 | std | min | max | seeds |", "|---|---:|---:|---:|---:|---:|"]
     for spec in ordered(scores):
         values = scores[spec]
-        std = statistics.stdev(values) if len(values) > 1 else 0.0
-        lines.append(f"| {label(spec)} | {statistics.mean(values):.2f} | {std:.2f} | {min(values):.2f} "
+        std = f"{statistics.stdev(values):.2f}" if len(values) > 1 else "–"
+        lines.append(f"| {label(spec)} | {statistics.mean(values):.2f} | {std} | {min(values):.2f} "
                      f"| {max(values):.2f} | {len(values)} |")
     return "\n".join(lines) + "\n"
 
