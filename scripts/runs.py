@@ -5,10 +5,12 @@
         --max-steps 1000 --prefix gemma3- --seqeval
 
     # the mask study on dev: none, all, middle and groups:0001 ... groups:1110, each
-    # evaluated once, at its last step
+    # scored once, at its last step (model-last), so that training's own evaluation only
+    # needs one dev document (evaluation does not change the training)
     python scripts/runs.py run --corpus conll03 --specs sweep --seeds 1 2 3 --max-steps 250 \
-        --eval dev --metrics-dir metrics/conll03/sweep --training-dir training/conll03/sweep --delete-models \
-        -- --training.eval_frequency 250
+        --eval dev --evaluate-model last --metrics-dir metrics/conll03/sweep \
+        --training-dir training/conll03/sweep --delete-models \
+        -- --training.eval_frequency 250 --corpora.dev.limit 1
     python scripts/runs.py plot --corpus conll03 --metrics-dir metrics/conll03/sweep
 
     # a baseline: a config of its own, no unmask setting
@@ -23,8 +25,8 @@ with --name, <prefix><name>-seed<K>. Each run is
      where the corpus has documents (the converter writes them: every sentence alone and
      inside its document), else train and dev: the model reads single sentences and whole
      documents alike and is chosen on documents;
-  2. `spacy evaluate` of model-best on each --eval split: test -> <run>.json,
-     test.doc -> <run>.doc.json, dev -> <run>.json;
+  2. `spacy evaluate` of model-best (--evaluate-model last: model-last) on each --eval
+     split: test -> <run>.json, test.doc -> <run>.doc.json, dev -> <run>.json;
   3. with --seqeval, scripts/seqeval_check.py on the first --eval split (<run>.seqeval.json).
 A run whose <run>.json exists is skipped (--force reruns it), so a campaign resumes
 where it stopped. scripts/report.py gathers runs over seeds.
@@ -156,13 +158,13 @@ def train_command(args, run: dict) -> List[str]:
 
 def evaluate_commands(args, run: dict) -> List[Tuple[str, List[str]]]:
     """(step, command) pairs: spacy evaluate on each split, then the seqeval check."""
-    best = str(run["model_dir"] / "model-best")
-    commands = [(f"evaluation on {data.name}", [args.python, "-m", "spacy", "evaluate", best, str(data),
+    model = str(run["model_dir"] / f"model-{args.evaluate_model}")
+    commands = [(f"evaluation on {data.name}", [args.python, "-m", "spacy", "evaluate", model, str(data),
                                                 "--output", str(output), "--gpu-id", str(args.gpu_id)])
                 for data, output in run["evals"]]
     if args.seqeval:
         data, output = run["evals"][0]
-        commands.append(("seqeval check", [args.python, str(HERE / "seqeval_check.py"), best, str(data),
+        commands.append(("seqeval check", [args.python, str(HERE / "seqeval_check.py"), model, str(data),
                                            "--metrics", str(output), "--gpu-id", str(args.gpu_id)]))
     return commands
 
@@ -305,6 +307,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--train", default="auto", help="training file stem in the corpus folder (default auto)")
     r.add_argument("--dev", default="auto", help="model-selection file stem (default auto)")
     r.add_argument("--eval", nargs="+", default=["test", "test.doc"], help="splits to evaluate (default test test.doc)")
+    r.add_argument("--evaluate-model", choices=["best", "last"], default="best",
+                   help="pipeline to evaluate: model-best (chosen on --dev; default) or model-last (the last step)")
     r.add_argument("--seqeval", action="store_true", help="check the first --eval split's F1 with seqeval")
     r.add_argument("--model", default="", help=f"backbone ({MODEL_KEY}; default: the config's)")
     r.add_argument("--num-layers", type=int, help=f"decoder layers kept ({LAYERS_KEY}: 0 all, N the first N, -N all but the last N; default: the config's)")

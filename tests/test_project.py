@@ -108,8 +108,10 @@ def test_training_commands_pass_runs_py_arguments_it_takes(project_copy):
     assert conll.corpus == "conll03" and conll.specs == ["none", "all", "middle"] and conll.seqeval
     sweep = parsed["sweep-train"]
     assert sweep.specs == ["sweep"] and sweep.delete_models
-    # one evaluation, at the last step: the model scored is the one trained for the budget
-    assert sweep.extra[-2:] == ["--training.eval_frequency", str(sweep.max_steps)]
+    # the model scored is the one trained for the budget (model-last), so training's own
+    # evaluation, at the last step, reads one dev document
+    assert sweep.evaluate_model == "last" and conll.evaluate_model == "best"
+    assert sweep.extra[-4:] == ["--training.eval_frequency", str(sweep.max_steps), "--corpora.dev.limit", "1"]
     assert parsed["sweep-plot"].prefix == sweep.prefix == "gemma3-"  # the plot finds the runs by spec
     assert parsed["cnn"].name == "cnn" and parsed["minilm"].python == ".venv-t4/bin/python"
     assert parsed["minilm"].extra[-2] == "--paths.minilm"
@@ -482,6 +484,11 @@ def test_runs_dry_run_names_runs_and_passes_settings(toy_corpus, capsys):
     assert "--components.ner.model.tok2vec.name tiny" in out and "--training.max_steps 5" in out
     assert "g-middle-seed7.log.jsonl" in out and "g-middle-seed7.doc.json" in out
     assert "seqeval_check.py" in out
+    # By default the pipeline chosen on dev is evaluated; a sweep scores the last step.
+    assert "model-best" in out and "model-last" not in out
+    code, out = dry_run(toy_corpus, capsys, "--specs", "all", "--seqeval", "--evaluate-model", "last")
+    assert code == 0 and "model-best" not in out
+    assert "spacy evaluate" in out and out.count("model-last") == 3  # test, test.doc, seqeval check
     # A config without an unmask setting (a baseline) gets no unmask override.
     code, out = dry_run(toy_corpus, capsys, "--name", "cnn", "--seeds", "0,1", "--config", "configs/baseline_cnn.cfg")
     assert code == 0 and "] cnn-seed0: " in out and "] cnn-seed1: " in out and "unmask" not in out
