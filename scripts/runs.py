@@ -33,7 +33,10 @@ where it stopped. scripts/report.py gathers runs over seeds.
 
 The plot (metrics/<corpus>/sweep.png) shows every seed as a dot and the mean with one
 standard deviation as a bar; the table (sweep.md) gives mean, standard deviation, min,
-max and number of seeds per spec.
+max and number of seeds per spec. A seed moves every pattern together (its data order and
+initial adapters are shared), so patterns are also compared with the reference spec
+(`all`) at the same seed: the table's paired columns and the plot's lower panel give each
+spec's difference to the reference, seed by seed, and how many seeds it is above.
 """
 import argparse
 import json
@@ -207,22 +210,29 @@ def run(args) -> int:
     return 0
 
 
-def collect(folder: Path, prefix: str = "") -> Dict[str, List[float]]:
-    """spec -> F1 (in %) of each seed found in a sweep's metrics folder (runs and their
-    sidecars told apart as scripts/report.py does); `prefix` is the runs' name prefix."""
+def collect(folder: Path, prefix: str = "") -> Dict[str, Dict[int, float]]:
+    """spec -> {seed: F1 in %} for the runs found in a sweep's metrics folder (runs and
+    their sidecars told apart as scripts/report.py does); `prefix` is the runs' name prefix."""
     if str(HERE) not in sys.path:
         sys.path.insert(0, str(HERE))
     from report import SEED, load_runs
 
     by_slug = {spec_slug(s): s for s in SWEEP}
     by_slug.update({spec_slug(same): spec for spec, same in SAME_AS.items()})  # older sweeps trained both
-    scores: Dict[str, List[float]] = {}
+    scores: Dict[str, Dict[int, float]] = {}
     for name, run in load_runs(folder).items():
         match = SEED.match(name)
         if match:
             slug = match["name"].removeprefix(prefix)
-            scores.setdefault(by_slug.get(slug, slug), []).append(100 * float(run["metrics"]["ents_f"] or 0.0))
+            f1 = 100 * float(run["metrics"]["ents_f"] or 0.0)
+            scores.setdefault(by_slug.get(slug, slug), {})[int(match["seed"])] = f1
     return scores
+
+
+def paired(scores: Dict[str, Dict[int, float]], spec: str, reference: str) -> Dict[int, float]:
+    """seed -> F1 of `spec` minus F1 of `reference`, for the seeds both were trained with."""
+    ref = scores.get(reference, {})
+    return {seed: f1 - ref[seed] for seed, f1 in sorted(scores[spec].items()) if seed in ref}
 
 
 def ordered(specs) -> List[str]:
@@ -235,15 +245,35 @@ def label(spec: str) -> str:
     return f"{spec} = {SAME_AS[spec]}" if spec in SAME_AS else spec
 
 
-def table(scores: Dict[str, List[float]], title: str) -> str:
-    lines = [f"# {title}", "", "F1 in %, over seeds (std: sample standard deviation; – for one seed).", "",
-             "| spec | mean F1 | std | min | max | seeds |", "|---|---:|---:|---:|---:|---:|"]
+def table(scores: Dict[str, Dict[int, float]], title: str, reference: str = "all") -> str:
+    lines = [f"# {title}", "",
+             "F1 in %, over seeds (std: sample standard deviation; – for one seed). "
+             f"`vs {reference}`: the spec's F1 minus `{reference}`'s at the same seed, mean over the "
+             f"seeds both have (each seed's difference in brackets); `above`: at how many of them "
+             "the spec scores higher.", "",
+             f"| spec | mean F1 | std | min | max | seeds | vs {reference}, same seed | above |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for spec in ordered(scores):
-        values = scores[spec]
+        values = list(scores[spec].values())
         std = f"{statistics.stdev(values):.2f}" if len(values) > 1 else "–"
+        diffs = paired(scores, spec, reference)
+        if spec == reference or not diffs:
+            versus, above = "–", "–"
+        else:
+            each = ", ".join(f"{d:+.2f}" for d in diffs.values())
+            versus = f"{statistics.mean(diffs.values()):+.2f} ({each})"
+            above = f"{sum(d > 0 for d in diffs.values())} of {len(diffs)}"
         lines.append(f"| {label(spec)} | {statistics.mean(values):.2f} | {std} | {min(values):.2f} "
-                     f"| {max(values):.2f} | {len(values)} |")
+                     f"| {max(values):.2f} | {len(values)} | {versus} | {above} |")
     return "\n".join(lines) + "\n"
+
+
+FLOOR = -3.0  # the lower panel's floor (F1 points below the reference): keeps close patterns apart
+
+
+def spread(n: int) -> List[float]:
+    """x offsets that set n dots of one spec side by side."""
+    return [0.18 * (j - (n - 1) / 2) / max(1, n - 1) for j in range(n)]
 
 
 def plot(args) -> int:
@@ -264,23 +294,39 @@ def plot(args) -> int:
     import matplotlib.pyplot as plt
 
     specs = ordered(scores)
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.55 * len(specs) + 2), 4.2))
+    reference = "all"
+    fig, (ax, low) = plt.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 2]},
+                                  figsize=(max(6.0, 0.55 * len(specs) + 2), 6.4))
     for x, spec in enumerate(specs):
-        values = scores[spec]
-        mean = statistics.mean(values)
+        values = list(scores[spec].values())
         std = statistics.stdev(values) if len(values) > 1 else 0.0
         first = x == 0
-        ax.errorbar([x], [mean], yerr=[std], fmt="o", color="C0", capsize=4, markersize=7, zorder=3,
-                    label="mean ± std" if first else None)
-        offsets = [0.18 * (j - (len(values) - 1) / 2) / max(1, len(values) - 1) for j in range(len(values))]
-        ax.scatter([x + 0.25 + o for o in offsets], values, color="C1", s=14, alpha=0.8, zorder=2,
-                   label="one seed" if first else None)
-    ax.set_xticks(range(len(specs)))
-    ax.set_xticklabels([label(s).replace("groups:", "g:") for s in specs], rotation=60, ha="right")
-    ax.set_xlabel("unmasked layers (g:abcd = four layer groups, input side first)")
+        ax.errorbar([x], [statistics.mean(values)], yerr=[std], fmt="o", color="C0", capsize=4,
+                    markersize=7, zorder=3, label="mean ± std" if first else None)
+        ax.scatter([x + 0.25 + o for o in spread(len(values))], values, color="C1", s=14, alpha=0.8,
+                   zorder=2, label="one seed" if first else None)
+        diffs = list(paired(scores, spec, reference).values()) if spec != reference else []
+        if not diffs:
+            continue
+        mean = statistics.mean(diffs)
+        if mean < FLOOR:  # far below (none, say): a marker on the floor with its value
+            low.plot([x], [FLOOR], "v", color="C0", markersize=7)
+            low.annotate(f"{mean:+.1f}", (x, FLOOR), textcoords="offset points", xytext=(0, 6),
+                         ha="center", fontsize=7)
+            continue
+        low.scatter([x + 0.25 + o for o in spread(len(diffs))], [max(d, FLOOR) for d in diffs],
+                    color="C1", s=14, alpha=0.8)
+        low.plot([x], [mean], "o", color="C0", markersize=7)
+    low.axhline(0.0, color="0.4", linewidth=1)
+    low.set_ylim(bottom=FLOOR - 0.3)
+    low.set_xticks(range(len(specs)))
+    low.set_xticklabels([label(s).replace("groups:", "g:") for s in specs], rotation=60, ha="right")
+    low.set_xlabel("unmasked layers (g:abcd = four layer groups, input side first)")
+    low.set_ylabel(f"minus `{reference}`,\nsame seed (F1)")
     ax.set_ylabel("span F1 (%)")
     ax.set_title(title)
-    ax.grid(axis="y", alpha=0.3)
+    for axis in (ax, low):
+        axis.grid(axis="y", alpha=0.3)
     ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
     png = Path(args.output or folder.parent / "sweep.png")

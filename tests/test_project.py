@@ -437,15 +437,19 @@ def test_sweep_specs_plot(tmp_path, capsys):
     assert runs.SWEEP[3] == "groups:0001" and runs.SWEEP[-1] == "groups:1110"
     folder = tmp_path / "metrics" / "toy" / "sweep"
     folder.mkdir(parents=True)
-    for spec, values in {"none": [0.5, 0.6], "groups:0110": [0.7, 0.8, 0.75]}.items():
+    scores = {"none": [0.5, 0.6], "all": [0.55, 0.7], "groups:0110": [0.7, 0.8, 0.75], "groups:0001": [0.6]}
+    for spec, values in scores.items():
         for seed, f in enumerate(values, start=1):
             (folder / f"{runs.run_name(spec, seed)}.json").write_text(json.dumps({"ents_f": f}))
     (folder / "none-seed1.train.json").write_text(json.dumps({"wall_s": 1.0}))
     (folder / "none-seed1.doc.json").write_text(json.dumps({"ents_f": 0.1}))  # a sidecar, not a seed
     assert runs.main(["plot", "--corpus", "toy", "--metrics-dir", str(folder)]) == 0
     table = (folder.parent / "sweep.md").read_text()
-    assert "| none = groups:0000 | 55.00 | 7.07 | 50.00 | 60.00 | 2 |" in table
-    assert "| groups:0110 | 75.00 | 5.00 | 70.00 | 80.00 | 3 |" in table
+    # each spec against `all` at the same seed: groups:0110's third seed has no `all` to pair with
+    assert "| none = groups:0000 | 55.00 | 7.07 | 50.00 | 60.00 | 2 | -7.50 (-5.00, -10.00) | 0 of 2 |" in table
+    assert "| groups:0110 | 75.00 | 5.00 | 70.00 | 80.00 | 3 | +12.50 (+15.00, +10.00) | 2 of 2 |" in table
+    assert "| groups:0001 | 60.00 | – | 60.00 | 60.00 | 1 | +5.00 (+5.00) | 1 of 1 |" in table
+    assert "| all = groups:1111 | 62.50 | 10.61 | 55.00 | 70.00 | 2 | – | – |" in table
     assert (folder.parent / "sweep.png").stat().st_size > 1000
     # runs of a backbone prefix (sweep-train --vars.run_prefix gemma3-) are shown by spec
     prefixed = tmp_path / "metrics" / "toy" / "gemma3-sweep"
@@ -454,7 +458,8 @@ def test_sweep_specs_plot(tmp_path, capsys):
     assert runs.main(["plot", "--corpus", "toy", "--metrics-dir", str(prefixed), "--prefix=gemma3-",
                       "--table", str(tmp_path / "g.md"), "--output", str(tmp_path / "g.png")]) == 0
     # one seed has no spread: the table says so instead of printing a standard deviation of 0
-    assert "| groups:0110 | 70.00 | – | 70.00 | 70.00 | 1 |" in (tmp_path / "g.md").read_text()
+    # and with no `all` run there is nothing to pair with
+    assert "| groups:0110 | 70.00 | – | 70.00 | 70.00 | 1 | – | – |" in (tmp_path / "g.md").read_text()
 
 
 @pytest.fixture
