@@ -36,7 +36,8 @@ standard deviation as a bar; the table (sweep.md) gives mean, standard deviation
 max and number of seeds per spec. A seed moves every pattern together (its data order and
 initial adapters are shared), so patterns are also compared with the reference spec
 (`all`) at the same seed: the table's paired columns and the plot's lower panel give each
-spec's difference to the reference, seed by seed, and how many seeds it is above.
+spec's difference to the reference, seed by seed, and how many seeds it is above. Below
+the table, each layer group's effect: over the patterns that differ in that group only.
 """
 import argparse
 import json
@@ -271,6 +272,41 @@ def table(scores: Dict[str, Dict[int, float]], title: str, reference: str = "all
 FLOOR = -3.0  # the lower panel's floor (F1 points below the reference): keeps close patterns apart
 
 
+def group_effects(scores: Dict[str, Dict[int, float]]) -> str:
+    """What unmasking each layer group does, from the `groups:` patterns (none and all
+    counting as 0000 and 1111): for every two patterns that differ in that group only, the
+    F1 with it unmasked minus without, at the same seed. The pairs from causal (0000: the
+    group is the only one unmasked) are kept apart from those where it joins groups already
+    unmasked. "" when the sweep has no patterns, or patterns of different lengths."""
+    patterns = {}
+    for spec in scores:
+        name = SAME_AS.get(spec, spec)
+        if name.startswith("groups:"):
+            patterns[name.removeprefix("groups:")] = spec
+    widths = {len(bits) for bits in patterns}
+    if len(widths) != 1:
+        return ""
+    width = widths.pop()
+    lines = ["**Each layer group's effect**, from the pairs of patterns that differ in that group only, "
+             "at the same seed: F1 with the group unmasked minus without; `alone`: from causal "
+             f"(groups:{'0' * width}), `joining`: added to patterns that already unmask another group "
+             "(mean, range, and in how many pairs it is higher).", "",
+             "| group (input side first) | alone | joining: mean | min | max | higher |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for g in range(width):
+        alone, joining = [], []
+        for off, spec in patterns.items():
+            on = off[:g] + "1" + off[g + 1:]
+            if off[g] == "0" and on in patterns:
+                diffs = paired(scores, patterns[on], spec).values()
+                (alone if "1" not in off else joining).extend(diffs)
+        first = f"{statistics.mean(alone):+.2f} ({len(alone)})" if alone else "–"
+        rest = (f"{statistics.mean(joining):+.2f} | {min(joining):+.2f} | {max(joining):+.2f} "
+                f"| {sum(d > 0 for d in joining)} of {len(joining)}") if joining else "– | – | – | –"
+        lines.append(f"| {g + 1} of {width} | {first} | {rest} |")
+    return "\n".join(lines) + "\n"
+
+
 def spread(n: int) -> List[float]:
     """x offsets that set n dots of one spec side by side."""
     return [0.18 * (j - (n - 1) / 2) / max(1, n - 1) for j in range(n)]
@@ -283,7 +319,7 @@ def plot(args) -> int:
         print(f"no sweep metrics in {folder}", file=sys.stderr)
         return 1
     title = args.title or f"{args.corpus}: unmask sweep ({args.eval_split} F1)"
-    text = table(scores, title)
+    text = "\n".join(part for part in (table(scores, title), group_effects(scores)) if part)
     table_path = Path(args.table or folder.parent / "sweep.md")
     table_path.write_text(text, encoding="utf8")
     print(text)

@@ -437,7 +437,8 @@ def test_sweep_specs_plot(tmp_path, capsys):
     assert runs.SWEEP[3] == "groups:0001" and runs.SWEEP[-1] == "groups:1110"
     folder = tmp_path / "metrics" / "toy" / "sweep"
     folder.mkdir(parents=True)
-    scores = {"none": [0.5, 0.6], "all": [0.55, 0.7], "groups:0110": [0.7, 0.8, 0.75], "groups:0001": [0.6]}
+    scores = {"none": [0.5, 0.6], "all": [0.55, 0.7], "groups:0110": [0.7, 0.8, 0.75], "groups:0001": [0.6],
+              "groups:1110": [0.6, 0.6]}
     for spec, values in scores.items():
         for seed, f in enumerate(values, start=1):
             (folder / f"{runs.run_name(spec, seed)}.json").write_text(json.dumps({"ents_f": f}))
@@ -450,6 +451,12 @@ def test_sweep_specs_plot(tmp_path, capsys):
     assert "| groups:0110 | 75.00 | 5.00 | 70.00 | 80.00 | 3 | +12.50 (+15.00, +10.00) | 2 of 2 |" in table
     assert "| groups:0001 | 60.00 | – | 60.00 | 60.00 | 1 | +5.00 (+5.00) | 1 of 1 |" in table
     assert "| all = groups:1111 | 62.50 | 10.61 | 55.00 | 70.00 | 2 | – | – |" in table
+    # each group's effect, from patterns that differ in it only (none = 0000, all = 1111):
+    # the output-side group alone (none -> 0001) and joining (1110 -> all, two seeds); the
+    # input-side group joining 0110 (-> 1110); the second group has no pair
+    assert "| 4 of 4 | +10.00 (1) | +2.50 | -5.00 | +10.00 | 1 of 2 |" in table
+    assert "| 1 of 4 | – | -15.00 | -20.00 | -10.00 | 0 of 2 |" in table
+    assert "| 2 of 4 | – | – | – | – | – |" in table
     assert (folder.parent / "sweep.png").stat().st_size > 1000
     # runs of a backbone prefix (sweep-train --vars.run_prefix gemma3-) are shown by spec
     prefixed = tmp_path / "metrics" / "toy" / "gemma3-sweep"
