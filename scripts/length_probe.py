@@ -63,7 +63,7 @@ def window_cut_distance(doc, tokenizer, window: int, stride: int):
     """Per token: pieces from its first piece to the nearest cut of the window it takes its
     vector from, as the backbone windows running text (-1: the doc is not cut, or the
     token has no piece). A window edge at the start or end of the doc is no cut."""
-    from spacy_unmask.layers.windows import align_pieces, assign_windows, window_starts
+    from spacy_unmask.windows import align_pieces, assign_windows, window_starts
 
     encoded = tokenizer(doc.text, add_special_tokens=False, return_offsets_mapping=True)
     offsets = np.asarray(encoded["offset_mapping"], dtype=np.int64).reshape(-1, 2)

@@ -4,7 +4,7 @@ It owns the decoder (loaded by `loading.py`, with LoRA from `lora.py`), one
 attention mask per layer (installed as forward pre-hooks, built per batch by
 `masks.build_layer_masks`), the state of the LoRA merge used for prediction,
 and the way docs become decoder inputs and vectors come back
-(`layers/windows.py` plans the windows, `layers/pooling.py` pools pieces to
+(`windows.py` plans the windows, `pooling.py` pools pieces to
 tokens). Its settings are the pipeline's `BackboneSettings` object itself.
 """
 import os
@@ -16,10 +16,11 @@ import torch
 import transformers
 from torch import nn
 
-from .layers.pooling import pool_pieces
-from .layers.windows import PieceBatch, plan_batch
+from .pooling import pool_pieces
+from .windows import PieceBatch, plan_batch
 from .fused import fuse_rms_norms
-from .loading import decoder_from_config, decoder_layers, load_config, load_decoder
+from .families import decoder_layers
+from .loading import decoder_from_config, load_config, load_decoder
 from .lora import apply_finetuning, merge_copies, restore
 from .masks import build_layer_masks, layer_windows, parse_unmask, segment_positions
 from .settings import BackboneSettings

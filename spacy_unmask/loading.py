@@ -14,18 +14,9 @@ from typing import Optional, Tuple
 import torch
 import transformers
 from packaging.version import Version
-from torch import nn
 
-SUPPORTED_MODEL_TYPES = (
-    "llama",
-    "mistral",
-    "qwen2",
-    "qwen3",
-    "gemma",
-    "gemma2",
-    "gemma3_text",
-    "phi3",
-)
+from .families import SUPPORTED_MODEL_TYPES, check_supported, choose_attention
+
 _TRANSFORMERS_5 = Version(transformers.__version__) >= Version("5.0.0")
 
 
@@ -94,22 +85,6 @@ def truncate_config(config, num_layers: int, name: str) -> None:
         config.layer_types = list(config.layer_types)[:keep]
     if getattr(config, "max_window_layers", None) is not None:  # Qwen2: layers below it are full attention
         config.max_window_layers = min(config.max_window_layers, keep)
-
-
-def check_supported(config, name: str) -> None:
-    if config.model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(
-            f"model {name!r} has architecture {config.model_type!r}, which spacy-unmask "
-            f"does not support. Supported: {', '.join(SUPPORTED_MODEL_TYPES)}."
-        )
-
-
-def choose_attention(config, attn_implementation: str) -> str:
-    """The attention implementation for a setting: "auto" is SDPA, or eager where SDPA lacks soft-capping."""
-    if attn_implementation == "auto":
-        softcap = getattr(config, "attn_logit_softcapping", None)
-        return "eager" if softcap else "sdpa"
-    return attn_implementation
 
 
 def load_decoder(
@@ -198,8 +173,3 @@ def load_tokenizer(source: str, *, gguf_file: Optional[str] = None, trust_remote
     return tokenizer
 
 
-def decoder_layers(model) -> nn.ModuleList:
-    layers = getattr(model, "layers", None)
-    if layers is None:
-        raise ValueError(f"{type(model).__name__} has no .layers; cannot install masks")
-    return layers

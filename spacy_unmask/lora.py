@@ -11,7 +11,7 @@ from typing import Dict, List, Sequence
 import torch
 from torch import nn
 
-from .loading import decoder_layers
+from .families import decoder_layers
 from .settings import BackboneSettings
 
 

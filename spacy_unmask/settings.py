@@ -78,7 +78,8 @@ class BackboneSettings:
     """"full": base weights saved inside the pipeline; "adapter": LoRA weights only,
     the base is reloaded from `name`."""
     trust_remote_code: bool = False
-    """Allow code from the model repository (off by default)."""
+    """Allow code from the model repository (off by default). A saved pipeline that sets it
+    loads only where the loading process sets SPACY_UNMASK_TRUST_REMOTE_CODE=1 (saving.py)."""
 
     def __post_init__(self) -> None:
         self.lora_targets = list(self.lora_targets)

@@ -30,7 +30,7 @@ from spacy.training import Example
 from spacy.util import fix_random_seed
 from thinc.api import Adam, Config
 
-from spacy_unmask.layers.windows import assign_windows, window_starts
+from spacy_unmask.windows import assign_windows, window_starts
 from spacy_unmask import get_backbone
 from tiny_models import save_tiny_model, tiny_tokenizer
 

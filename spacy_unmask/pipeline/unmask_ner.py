@@ -12,18 +12,19 @@ scoring below `threshold` are left out of `doc.ents`.
 """
 import math
 from itertools import islice
-from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence
+from typing import Callable, Dict, Iterable, List, NamedTuple, Optional
 
 import numpy as np
 from spacy.language import Language
 from spacy.pipeline import TrainablePipe
 from spacy.tokens import Doc, Span, SpanGroup
-from spacy.training import Example, biluo_tags_to_spans, biluo_to_iob, iob_to_biluo, validate_examples
+from spacy.training import Example, biluo_to_iob, validate_examples
 from spacy.util import registry
 from thinc.api import Config
 from thinc.api import Model, SequenceCategoricalCrossentropy, chain, set_dropout_rate, with_array
 from thinc.types import Floats2d
 
+from ..saving import UnsafePipelineError
 from .marginals import SpanLattice, Spans
 from .viterbi import tag_names, viterbi
 
@@ -225,10 +226,6 @@ class UnmaskNER(TrainablePipe):
                                                   attrs={"scores": found.scores})
             doc.ents = [span for span, score in zip(spans[: found.n_decoded], found.scores) if score >= self.threshold]
 
-    def spans(self, doc: Doc, tags: Sequence[str]) -> List[Span]:
-        biluo = list(tags) if self.cfg["scheme"] == "BILUO" else iob_to_biluo(list(tags))
-        return biluo_tags_to_spans(doc, biluo)
-
     def update(self, examples: Iterable[Example], *, drop: float = 0.0, sgd=None, losses=None):
         losses = {} if losses is None else losses
         losses.setdefault(self.name, 0.0)
@@ -261,6 +258,8 @@ class UnmaskNER(TrainablePipe):
     def from_disk(self, path, *, exclude=tuple()):
         try:
             return super().from_disk(path, exclude=exclude)
+        except UnsafePipelineError as err:  # already says what is wrong; keep its kind
+            raise UnsafePipelineError(f"[{self.name}] cannot load the saved component from {path}: {err}") from err
         except (ValueError, TypeError) as err:  # msgpack's errors name neither file nor component
             raise ValueError(f"[{self.name}] cannot load the saved component from {path} (truncated or damaged?): {err}") from err
 

@@ -1,0 +1,290 @@
+"""Saved pipelines (`saving.py`): reproducible saves, and a pipeline file treated as data.
+
+The hostile-pipeline suite edits a saved pipeline the way an attacker would (file names
+that climb out of the private directory, wrong types, a truncated or oversized weights
+blob, configs that point at code, a config asking for remote code) and checks that each
+is refused with a clear error and that nothing was written outside the private
+temporary directory.
+"""
+import json
+import shutil
+import struct
+import tempfile
+import uuid
+from pathlib import Path
+
+import pytest
+import spacy
+import srsly
+from spacy.training import Example
+from thinc.api import Adam
+
+from spacy_unmask.saving import TRUST_REMOTE_CODE_ENV, UnsafePipelineError
+
+TEXTS = [
+    ("Peter Blackburn visited the European Commission in Brussels .", [("Peter Blackburn", "PER"), ("Brussels", "LOC")]),
+    ("EU rejects German call to boycott British lamb .", [("EU", "ORG")]),
+]
+
+
+def trained_pipeline(model_dir: str, **tok2vec):
+    config = {"name": model_dir, "unmask": "all", "dtype": "float32", "lora_r": 4, "window": 16, "stride": 8}
+    config.update(tok2vec)
+    nlp = spacy.blank("en")
+    nlp.add_pipe("unmask_ner", name="ner", config={"model": {"tok2vec": config}})
+    egs = []
+    for text, ents in TEXTS:
+        spans = [(text.index(s), text.index(s) + len(s), label) for s, label in ents]
+        egs.append(Example.from_dict(nlp.make_doc(text), {"entities": spans}))
+    nlp.initialize(lambda: egs)
+    optimizer = Adam(0.01)
+    for _ in range(3):  # LoRA weights move off their initial zeros
+        nlp.update(egs, sgd=optimizer)
+    return nlp
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from tiny_models import save_tiny_model
+
+    return save_tiny_model(tmp_path_factory.mktemp("saving-model"), "llama", "metaspace")
+
+
+@pytest.fixture(scope="module")
+def saved(model_dir, tmp_path_factory):
+    path = tmp_path_factory.mktemp("saving") / "pipeline"
+    trained_pipeline(model_dir).to_disk(path)
+    return path
+
+
+# --- the backbone's message inside ner/model -----------------------------------------
+
+
+def read_backbone(model_file: Path) -> dict:
+    """The decoder's own serialisation inside the thinc model file (msgpack all the way)."""
+    msg = srsly.msgpack_loads(model_file.read_bytes())
+    (blob,) = [blob for node in msg["shims"] for blob in node]
+    return srsly.msgpack_loads(srsly.msgpack_loads(blob)["state"])
+
+
+def write_backbone(model_file: Path, backbone) -> None:
+    """Put a (forged) backbone message back into the thinc model file."""
+    msg = srsly.msgpack_loads(model_file.read_bytes())
+    for node in msg["shims"]:
+        for i, blob in enumerate(node):
+            shim = srsly.msgpack_loads(blob)
+            shim["state"] = backbone if isinstance(backbone, bytes) else srsly.msgpack_dumps(backbone)
+            node[i] = srsly.msgpack_dumps(shim)
+    model_file.write_bytes(srsly.msgpack_dumps(msg))
+
+
+def forged_copy(saved: Path, tmp_path: Path, forge) -> Path:
+    """A copy of the saved pipeline whose backbone message `forge` has edited."""
+    target = tmp_path / f"forged-{uuid.uuid4().hex[:8]}"
+    shutil.copytree(saved, target)
+    backbone = read_backbone(target / "ner" / "model")
+    forged = forge(backbone)
+    write_backbone(target / "ner" / "model", backbone if forged is None else forged)
+    return target
+
+
+def with_digest(backbone: dict) -> dict:
+    import hashlib
+
+    backbone["sha256"] = hashlib.sha256(backbone["weights"]).hexdigest()
+    return backbone
+
+
+@pytest.fixture
+def private_tmp(tmp_path, monkeypatch):
+    """Temporary directories go here during the test; it must be empty afterwards."""
+    place = tmp_path / "private-tmp"
+    place.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(place))
+    yield place
+    assert list(place.iterdir()) == [], "a temporary directory was left behind"
+
+
+def all_files(root: Path) -> set:
+    return {p for p in root.rglob("*")}
+
+
+# --- reproducible saves --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_load_predict_save_is_byte_identical(model_dir, tmp_path, dtype):
+    first = tmp_path / "first"
+    trained_pipeline(model_dir, dtype=dtype).to_disk(first)
+    loaded = spacy.load(first)
+    loaded("Peter Blackburn visited Brussels .")  # prediction folds LoRA into copies
+    second = tmp_path / "second"
+    loaded.to_disk(second)
+    again = tmp_path / "again"
+    spacy.load(second).to_disk(again)
+    for path in sorted(p.relative_to(first) for p in first.rglob("*") if p.is_file()):
+        assert (second / path).read_bytes() == (first / path).read_bytes(), path
+        assert (again / path).read_bytes() == (first / path).read_bytes(), path
+
+
+def test_saved_backbone_holds_no_machine_path(model_dir, saved):
+    backbone = read_backbone(saved / "ner" / "model")
+    config = json.loads(backbone["config"])
+    assert "_name_or_path" not in config
+    texts = [backbone["config"].encode()] + list(backbone["tokenizer"].values())
+    for place in (model_dir, tempfile.gettempdir()):
+        assert not any(place.encode() in text for text in texts), place
+
+
+# --- hostile pipelines ---------------------------------------------------------------
+
+
+def escaping_names(tmp_path: Path):
+    tag = uuid.uuid4().hex[:12]
+    outside = tmp_path / f"outside-{tag}.json"
+    return [
+        str(outside),  # absolute
+        f"../../{tag}.json",
+        f"../{tag}.json",
+        f"sub/{tag}.json",
+        f"sub\\{tag}.json",
+        f"nul\0{tag}.json",
+        "..",
+        ".",
+        "",
+        f"tokenization_{tag}.py",  # code
+        f".{tag}.json",  # hidden
+    ], outside, tag
+
+
+def test_escaping_tokenizer_file_names_are_refused(saved, tmp_path, private_tmp):
+    names, outside, tag = escaping_names(tmp_path)
+    for name in names:
+        path = forged_copy(saved, tmp_path, lambda b: b["tokenizer"].__setitem__(name, b"{}"))
+        before = all_files(tmp_path)
+        with pytest.raises(UnsafePipelineError) as info:
+            spacy.load(path)
+        message = str(info.value)
+        assert repr(name) in message and "damaged or hostile" in message, message
+        assert all_files(tmp_path) == before, name
+        assert not outside.exists()
+        for root in (Path("/"), Path(tempfile.gettempdir()).parent, Path.cwd().parent, private_tmp.parent):
+            assert not list(root.glob(f"*{tag}*")), root
+
+
+@pytest.mark.parametrize(
+    "field, value, words",
+    [
+        ("tokenizer", [["tokenizer.json", b"{}"]], "'tokenizer' is list"),
+        ("weights", "not bytes", "'weights' is str"),
+        ("config", 7, "'config' is int"),
+        ("sha256", None, "'sha256' is NoneType"),
+        ("format", 99, "format 99"),
+    ],
+)
+def test_wrong_types_are_refused(saved, tmp_path, private_tmp, field, value, words):
+    path = forged_copy(saved, tmp_path, lambda b: b.__setitem__(field, value))
+    with pytest.raises(UnsafePipelineError, match="damaged or hostile") as info:
+        spacy.load(path)
+    assert words in str(info.value)
+
+
+def test_tokenizer_file_of_wrong_type_is_refused(saved, tmp_path, private_tmp):
+    path = forged_copy(saved, tmp_path, lambda b: b["tokenizer"].__setitem__("tokenizer.json", "text, not bytes"))
+    with pytest.raises(UnsafePipelineError, match="'tokenizer.json' holds str"):
+        spacy.load(path)
+
+
+def test_missing_digest_is_refused(saved, tmp_path, private_tmp):
+    path = forged_copy(saved, tmp_path, lambda b: b.pop("sha256") and None)
+    with pytest.raises(UnsafePipelineError, match="'sha256' is missing"):
+        spacy.load(path)
+
+
+def test_backbone_that_is_not_a_map_is_refused(saved, tmp_path, private_tmp):
+    path = forged_copy(saved, tmp_path, lambda b: ["not", "a", "map"])
+    with pytest.raises(UnsafePipelineError, match="expected a map"):
+        spacy.load(path)
+
+
+def test_truncated_weights_blob_is_refused(saved, tmp_path, private_tmp):
+    def forge(b):
+        b["weights"] = b["weights"][: len(b["weights"]) // 2]
+        return with_digest(b)  # the digest matches: only the blob itself is short
+
+    with pytest.raises(UnsafePipelineError, match="weights are unreadable"):
+        spacy.load(forged_copy(saved, tmp_path, forge))
+
+
+def test_huge_declared_sizes_are_refused(saved, tmp_path, private_tmp):
+    def huge_header(b):
+        b["weights"] = struct.pack("<Q", 2**62) + b"{}"
+        return with_digest(b)
+
+    with pytest.raises(UnsafePipelineError, match="weights are unreadable"):
+        spacy.load(forged_copy(saved, tmp_path, huge_header))
+    # a msgpack value that declares 4 GiB of bytes and holds 3
+    huge_bin = b"\xc6\xff\xff\xff\xff" + b"abc"
+    with pytest.raises(UnsafePipelineError, match="unreadable"):
+        spacy.load(forged_copy(saved, tmp_path, lambda b: huge_bin))
+
+
+def test_config_pointing_at_code_is_refused(saved, tmp_path, private_tmp):
+    def forge(b):
+        config = json.loads(b["config"])
+        config["auto_map"] = {"AutoModel": "evil_model.EvilModel", "AutoConfig": "evil_model.EvilConfig"}
+        b["config"] = json.dumps(config)
+        b["tokenizer"]["evil_model.py"] = b"raise SystemExit('code ran')"
+
+    with pytest.raises(UnsafePipelineError, match="evil_model.py|auto_map"):
+        spacy.load(forged_copy(saved, tmp_path, forge))
+
+    def only_auto_map(b):
+        config = json.loads(b["config"])
+        config["auto_map"] = {"AutoConfig": "evil_model.EvilConfig"}
+        b["config"] = json.dumps(config)
+
+    with pytest.raises(UnsafePipelineError, match="auto_map"):
+        spacy.load(forged_copy(saved, tmp_path, only_auto_map))
+
+
+def test_tokenizer_config_pointing_at_code_is_refused(saved, tmp_path, private_tmp):
+    def forge(b):
+        name = "tokenizer_config.json"
+        config = json.loads(b["tokenizer"][name])
+        config["auto_map"] = {"AutoTokenizer": ["evil.EvilTokenizer", None]}
+        b["tokenizer"][name] = json.dumps(config).encode()
+
+    with pytest.raises(UnsafePipelineError, match="'tokenizer_config.json' has an 'auto_map'"):
+        spacy.load(forged_copy(saved, tmp_path, forge))
+
+
+def test_unsupported_model_type_is_refused(saved, tmp_path, private_tmp):
+    def forge(b):
+        config = json.loads(b["config"])
+        config["model_type"] = "evil_remote_model"
+        b["config"] = json.dumps(config)
+
+    with pytest.raises(UnsafePipelineError, match="model_type 'evil_remote_model'"):
+        spacy.load(forged_copy(saved, tmp_path, forge))
+
+
+def edit_config(pipeline: Path, **tok2vec) -> None:
+    config = spacy.util.load_config(pipeline / "config.cfg")
+    for key, value in tok2vec.items():
+        config["components"]["ner"]["model"]["tok2vec"][key] = value
+    config.to_disk(pipeline / "config.cfg")
+
+
+@pytest.mark.parametrize("save_mode", ["adapter", "full"])
+def test_config_asking_for_remote_code_needs_the_callers_opt_in(model_dir, tmp_path, monkeypatch, save_mode):
+    path = tmp_path / "pipeline"
+    trained_pipeline(model_dir, save_mode=save_mode).to_disk(path)
+    edit_config(path, trust_remote_code=True)
+    monkeypatch.delenv(TRUST_REMOTE_CODE_ENV, raising=False)
+    with pytest.raises(UnsafePipelineError) as info:
+        spacy.load(path)
+    assert "trust_remote_code" in str(info.value) and f"{TRUST_REMOTE_CODE_ENV}=1" in str(info.value)
+    monkeypatch.setenv(TRUST_REMOTE_CODE_ENV, "1")  # the caller's own, explicit choice
+    nlp = spacy.load(path)
+    assert nlp("Peter Blackburn visited Brussels .") is not None
