@@ -144,16 +144,18 @@ class Backbone(nn.Module):
     def plan(self, docs) -> PieceBatch:
         """Tokenize, align, window and pack docs for `forward`."""
         s = self.settings
+        copies = s.repeat + 1  # the copies share the window's budget
         return plan_batch(
             docs,
             self.tokenizer,
-            window=s.window,
-            stride=s.stride,
+            window=s.window // copies,
+            stride=max(1, s.stride // copies),
             bos_id=self.bos_id,
             max_batch_pieces=s.max_batch_pieces,
             pad_id=self.pad_id,
             by_sentence=s.sentence_windows,
             context=s.sentence_context,
+            repeat=s.repeat,
         )
 
     def forward(self, batch: PieceBatch) -> List[torch.Tensor]:
@@ -192,6 +194,7 @@ class Backbone(nn.Module):
             additive_dtype=(self.compute_dtype or dtype) if self.additive else None,
         )
         device_type = input_ids.device.type
+        delivery = MaskDelivery(masks)
         with torch.autocast(
             device_type, dtype=self.compute_dtype or dtype, enabled=self.compute_dtype is not None
         ), _training_attention(device_type):
@@ -200,8 +203,9 @@ class Backbone(nn.Module):
                 attention_mask=(segments > 0).long(),
                 position_ids=segment_positions(segments),
                 use_cache=False,
-                **{MASKS_KWARG: masks},
+                **{MASKS_KWARG: delivery},
             )
+        delivery.check()
         return output.last_hidden_state
 
     @property
@@ -260,6 +264,28 @@ def _training_attention(device_type: str):
     return nullcontext()
 
 
+class MaskDelivery:
+    """The per-layer masks of one forward pass, and which layers took theirs: a layer
+    whose hook was removed (or never ran) would silently use the model's causal mask."""
+
+    def __init__(self, masks: list):
+        self.masks = masks
+        self.taken = [False] * len(masks)
+
+    def take(self, index: int):
+        self.taken[index] = True
+        return self.masks[index]
+
+    def check(self) -> None:
+        missing = [i for i, taken in enumerate(self.taken) if not taken]
+        if missing:
+            raise RuntimeError(
+                f"decoder layers {missing} did not take their per-layer attention mask (their mask "
+                "hook is gone, or the model skipped them), so they would silently have used the "
+                "model's own causal mask; rebuild the backbone rather than editing its hooks"
+            )
+
+
 def _use_layer_mask(index: int, module, args, kwargs):
     masks = kwargs.pop(MASKS_KWARG, None)
     if masks is None:
@@ -270,5 +296,5 @@ def _use_layer_mask(index: int, module, args, kwargs):
             "own causal mask. Run the decoder through Backbone.hidden_states, and report this "
             "transformers version to spacy-unmask."
         )
-    kwargs["attention_mask"] = masks[index]
+    kwargs["attention_mask"] = masks.take(index)
     return args, kwargs

@@ -60,8 +60,15 @@ class BackboneSettings:
     sentence_context: int = 0
     """Pieces of the neighbouring text read on each side of a sentence window
     (FLERT's document context; only the sentence's own tokens take vectors from it)."""
+    repeat: int = 0
+    """Sequence repetition (Kukic et al. 2026): each window is read `repeat` + 1 times in a
+    row, BOS included, positions counting on across the copies, and the vectors come from
+    the last copy, so even a causal layer there has seen the whole window. The copies count
+    against `window`: a window holds window // (repeat + 1) pieces of text, read every
+    stride // (repeat + 1) pieces."""
     window: int = 256
-    """Long docs (and sentences) are cut into windows of this many pieces..."""
+    """Long docs (and sentences) are cut into windows of this many pieces (all copies of
+    `repeat` together)..."""
     stride: int = 192
     """...starting every `stride` pieces; each piece takes its vector from the window
     where it is furthest from an edge."""
@@ -108,6 +115,12 @@ class BackboneSettings:
                  "an integer: 0 (all layers), N (the first N) or -N (all but the last N)")
         _integer("lookahead", self.lookahead, 0, "0 (no cap) or a positive number of pieces")
         _integer("window", self.window, 2, "an integer of at least 2 pieces")
+        _integer("repeat", self.repeat, 0, "0 (read each window once) or the number of extra copies")
+        if self.window // (self.repeat + 1) < 2:
+            raise ValueError(
+                f"repeat {self.repeat}: window {self.window} leaves fewer than 2 pieces of text per "
+                f"copy; use a window of at least {2 * (self.repeat + 1)} pieces or a smaller repeat"
+            )
         _integer("sentence_context", self.sentence_context, 0, "0 or a positive number of pieces")
         if not isinstance(self.sentence_windows, bool):
             raise ValueError(f"sentence_windows {self.sentence_windows!r}: must be true or false")

@@ -95,18 +95,22 @@ def pack_windows(
     bos_id,
     pad_id: int,
     max_batch_pieces: int,
+    repeat: int = 0,
 ) -> np.ndarray:
     """Pack windows into rows as long as the longest window; fill `batch.sub_batches`.
 
     Longest first, each window goes into the first row with room (first-fit
     decreasing), so a row holds several short docs and almost nothing is
     padding. Each window is its own sequence in the row (its own segment id,
-    positions from 0, BOS first where the model uses one). A sub-batch holds at
+    positions from 0, BOS first where the model uses one). With `repeat` = k the
+    sequence is the window (BOS included) k + 1 times in a row, positions counting
+    on, and the vectors are read from the last copy. A sub-batch holds at
     most `max_batch_pieces` pieces (at least one row).
-    Returns, for each window, the table row of its first content piece.
+    Returns, for each window, the table row of its first content piece (in the last copy).
     """
     extra = 0 if bos_id is None else 1
-    lengths = np.array([len(w) + extra for w in windows], dtype=np.int64)
+    copy_lengths = np.array([len(w) + extra for w in windows], dtype=np.int64)
+    lengths = copy_lengths * (repeat + 1)
     window_row = np.zeros(len(windows), dtype=np.int64)
     if not len(windows):
         return window_row
@@ -132,12 +136,13 @@ def pack_windows(
         segments = np.zeros((len(rows), length), dtype=np.int64)
         for r, row in enumerate(rows):
             for segment, w in enumerate(members[row], start=1):
-                col = col_of[w]
-                if extra:
-                    ids[r, col] = bos_id
-                ids[r, col + extra : col + lengths[w]] = windows[w]
+                col, step = col_of[w], copy_lengths[w]
+                for copy_start in range(col, col + lengths[w], max(step, 1)):
+                    if extra:
+                        ids[r, copy_start] = bos_id
+                    ids[r, copy_start + extra : copy_start + step] = windows[w]
                 segments[r, col : col + lengths[w]] = segment
-                window_row[w] = offset + r * length + col + extra
+                window_row[w] = offset + r * length + col + lengths[w] - step + extra
         batch.sub_batches.append((ids, segments))
         offset += len(rows) * length
     return window_row
@@ -189,12 +194,14 @@ def plan_batch(
     pad_id: int = 0,
     by_sentence: bool = False,
     context: int = 0,
+    repeat: int = 0,
 ) -> PieceBatch:
     """Tokenize, align, window and pack `docs` for one pass of the decoder.
 
     With `by_sentence`, a Doc with sentence boundaries is read a sentence per
     window, with `context` pieces on each side (`sentence_windows`); other Docs
-    are cut every `stride` pieces into windows of `window`.
+    are cut every `stride` pieces into windows of `window`. Each window is read
+    `repeat` + 1 times in a row (see `pack_windows`).
     """
     # Read by sentence, a Doc's sentences are tokenized one by one, as each would be
     # alone (a sentence-initial word gets no leading-space piece it never had in
@@ -234,7 +241,7 @@ def plan_batch(
         doc_piece_window.append((first_window, starts, owner, first, last))
 
     batch = PieceBatch()
-    window_row = pack_windows(batch, windows, bos_id, pad_id, max_batch_pieces)
+    window_row = pack_windows(batch, windows, bos_id, pad_id, max_batch_pieces, repeat)
     pairs_token, pairs_row = [], []
     token_offset = 0
     for doc, (first_window, starts, owner, first, last) in zip(docs, doc_piece_window):

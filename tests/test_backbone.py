@@ -125,15 +125,6 @@ def test_lora_trains_only_adapter_weights(tiny_dirs):
     assert all(p.requires_grad for p in full.parameters())
 
 
-def test_unsupported_architecture_is_named(tmp_path):
-    import transformers
-
-    config = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=64)
-    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match="gpt2.*Supported: llama, mistral"):
-        tok2vec(str(tmp_path), "all")
-
-
 @pytest.mark.parametrize("family,attn", FAMILY_PARAMS)
 def test_causal_spec_reproduces_the_stock_model_with_padding(family, attn):
     """`none` must be the stock model exactly: causal mask, sliding windows and padding."""
@@ -201,45 +192,6 @@ def test_a_layer_without_its_mask_fails_loudly(tiny_dirs):
         backbone.model(input_ids=ids, attention_mask=torch.ones_like(ids))
 
 
-def test_num_layers_keeps_the_first_layers_only(tiny_dirs, capfd):
-    import warnings
-
-    name = tiny_dirs("llama", "metaspace")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # the cut-off layers' weights are unused on purpose: no warning
-        short = get_backbone(tok2vec(name, "all", num_layers=2))
-    assert "layers.3" not in capfd.readouterr().err  # nor transformers' report of unused weights
-    assert short.num_layers == 2 and len(short.model.layers) == 2
-    full = get_backbone(tok2vec(name, "all", finetune="frozen"))
-    cut = get_backbone(tok2vec(name, "all", finetune="frozen", num_layers=2))
-    for key, value in cut.model.state_dict().items():  # the kept layers are the model's own
-        torch.testing.assert_close(value, full.model.state_dict()[key], atol=0, rtol=0)
-    from_the_top = get_backbone(tok2vec(name, "all", finetune="frozen", num_layers=-2))  # all but the last 2
-    assert from_the_top.num_layers == 2
-    for key, value in from_the_top.model.state_dict().items():
-        torch.testing.assert_close(value, cut.model.state_dict()[key], atol=0, rtol=0)
-    for bad in (9, -4, -9):
-        with pytest.raises(ValueError, match=f"num_layers {bad}: model .* has only 4 decoder layers"):
-            tok2vec(name, "all", num_layers=bad)
-
-
-def test_loading_problems_other_than_the_cut_layers_are_still_reported():
-    import warnings
-
-    from spacy_unmask.loading import warn_about_loading
-
-    info = {"missing_keys": {"model.norm.weight"}, "mismatched_keys": [],
-            "unexpected_keys": {"model.layers.2.mlp.up_proj.weight", "model.layers.1.extra", "lm_head.bias"}}
-    with pytest.warns(UserWarning) as caught:
-        warn_about_loading(info, "some/model", num_layers=2)
-    message = str(caught[0].message)
-    assert "missing from the checkpoint (left randomly initialised): model.norm.weight" in message
-    assert "not used: lm_head.bias, model.layers.1.extra" in message and "layers.2" not in message
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # only cut-off layers unused: nothing to say
-        warn_about_loading({"missing_keys": [], "unexpected_keys": ["model.layers.2.x"]}, "m", num_layers=2)
-
-
 def test_get_backbone_on_pipelines_components_and_layers(tiny_dirs, tmp_path):
     from spacy.training import Example
 
@@ -276,3 +228,66 @@ def test_prediction_after_a_training_pass_runs_without_dropout(tiny_dirs):
     first, second = model.predict(docs)[0], model.predict(docs)[0]
     np.testing.assert_array_equal(first, second)
     np.testing.assert_array_equal(first, before)  # no optimizer step: the same model
+
+
+# --- sequence repetition (`repeat`) ----------------------------------------------------
+
+
+@pytest.mark.parametrize("style", ["bytelevel", "metaspace"])
+def test_repetition_lets_a_causal_model_see_the_right_context(tiny_dirs, style):
+    """Under `none`, the first word's vector (read from the last copy) changes with the
+    last word exactly when the sequence is repeated."""
+    for repeat, sees_right in ((0, False), (1, True), (2, True)):
+        model = tok2vec(tiny_dirs("llama", style), "none", repeat=repeat)
+        before, after = vectors(model, SENTENCE, CHANGED)
+        moved = np.abs(before[0] - after[0]).max()
+        assert (moved > 1e-4) == sees_right, (repeat, moved)
+
+
+def test_repetition_reads_the_last_copy_with_positions_counting_on(tiny_dirs):
+    model = tok2vec(tiny_dirs("llama", "metaspace"), "none", repeat=1)
+    backbone = get_backbone(model)
+    batch = backbone.plan([nlp("EU rejects German lamb")])
+    (ids, segments), = batch.sub_batches
+    row = ids[0][segments[0] > 0]
+    half = len(row) // 2
+    assert row[0] == backbone.bos_id and list(row[:half]) == list(row[half:])  # BOS included, twice
+    assert batch.token_first[0].min() >= half  # vectors come from the second copy
+    # The vectors are the (causal; tested equal to the stock model's) states of the whole
+    # repeated row read as one sequence, positions 0 .. 2n-1, at the second copy's pieces.
+    with torch.no_grad():
+        ids = torch.from_numpy(row[None])
+        stock = backbone.hidden_states(ids, torch.ones_like(ids))[0]
+    (ours,) = vectors(model, "EU rejects German lamb")
+    np.testing.assert_allclose(ours, stock[batch.token_first[0]].numpy(), atol=1e-5)
+
+
+@pytest.mark.parametrize("unmask", ["none", "middle", "all"])
+def test_repeated_docs_packed_or_alone_agree_and_padding_never_leaks(tiny_dirs, unmask):
+    model = tok2vec(tiny_dirs("gemma3_text", "metaspace"), unmask, repeat=1, lookahead=3)
+    short = "EU rejects German call"
+    (alone,) = vectors(model, short)
+    packed, _ = vectors(model, short, SENTENCE + " and " + SENTENCE)
+    np.testing.assert_allclose(alone, packed, atol=1e-5)
+
+
+def test_repetition_shares_the_window_budget(tiny_dirs):
+    """With repeat = 1 a window of 16 pieces holds 8 pieces of text, read twice; long
+    docs still get one vector per token."""
+    model = tok2vec(tiny_dirs("llama", "bytelevel"), "all", repeat=1, window=16, stride=8)
+    backbone = get_backbone(model)
+    doc = nlp(" ".join([SENTENCE] * 6))
+    batch = backbone.plan([doc])
+    widths = {int((seg == s).sum()) for ids, segments in batch.sub_batches for seg in segments for s in set(seg.tolist()) - {0}}
+    assert max(widths) <= 16
+    (vecs,) = model.predict([doc])
+    assert vecs.shape == (len(doc), backbone.hidden_size) and np.abs(vecs).sum(axis=1).min() > 0
+
+
+def test_a_layer_without_its_mask_fails_loudly_with_repetition(tiny_dirs):
+    model = tok2vec(tiny_dirs("llama", "metaspace"), "none", repeat=1)
+    backbone = get_backbone(model)
+    backbone.model.layers[1]._forward_pre_hooks.clear()
+    ids = torch.tensor([[5, 17, 23, 5, 17, 23]])
+    with pytest.raises(RuntimeError, match=r"decoder layers \[1\] did not take their per-layer attention mask"):
+        backbone.hidden_states(ids, torch.ones_like(ids))
