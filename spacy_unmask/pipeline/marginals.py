@@ -162,6 +162,10 @@ class SpanMarginals(NamedTuple):
         nothing = np.zeros((0, len(lattice.tags)))
         return cls(lattice, nothing, nothing, nothing, 0.0, nothing, np.zeros((1, len(lattice.labels))))
 
+    def tag_marginals(self) -> np.ndarray:
+        """(tokens, tags): the probability of each tag at each token, over the valid sequences."""
+        return np.exp(self.log_alpha + self.log_beta - self.log_z)
+
     def span_log_probs(self, spans: Spans) -> np.ndarray:
         """log P(exactly this span with this label is an entity), for each span."""
         lat = self.lattice

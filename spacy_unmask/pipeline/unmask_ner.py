@@ -25,8 +25,11 @@ from thinc.api import Model, SequenceCategoricalCrossentropy, chain, set_dropout
 from thinc.types import Floats2d
 
 from ..saving import UnsafePipelineError
+from .crf import crf_loss
 from .marginals import SpanLattice, Spans
 from .viterbi import tag_names, viterbi
+
+LOSSES = ("cross_entropy", "crf")
 
 DEFAULT_CONFIG = """
 [model]
@@ -64,6 +67,7 @@ def TokenClassifier(tok2vec: Model[List[Doc], List[Floats2d]], dropout: float = 
         "threshold": 0.0,
         "candidates_min_score": None,
         "temperature": 1.0,
+        "loss": "cross_entropy",
         "scorer": {"@scorers": "spacy.ner_scorer.v1"},
     },
     default_score_weights={"ents_f": 1.0, "ents_p": 0.0, "ents_r": 0.0, "ents_per_type": None},
@@ -78,6 +82,7 @@ def make_unmask_ner(
     threshold: float = 0.0,
     candidates_min_score: Optional[float] = None,
     temperature: float = 1.0,
+    loss: str = "cross_entropy",
 ):
     """Token-classification NER with constrained decoding and a score per entity.
 
@@ -91,10 +96,13 @@ def make_unmask_ner(
         probability is at least this.
     temperature (float): the logits are divided by it before the scores are computed
         (fitted by scripts/calibrate.py); it cannot change the decoded entities.
+    loss (str): "cross_entropy" (token-wise, the papers' loss) or "crf": the negative
+        log-likelihood of the gold tag sequence over the constrained lattice that
+        decoding uses (a linear-chain CRF without learned transitions; `crf.py`).
     """
     return UnmaskNER(
         nlp.vocab, model, name, scheme=scheme, scorer=scorer, spans_key=spans_key, threshold=threshold,
-        candidates_min_score=candidates_min_score, temperature=temperature,
+        candidates_min_score=candidates_min_score, temperature=temperature, loss=loss,
     )
 
 
@@ -121,6 +129,7 @@ class UnmaskNER(TrainablePipe):
         threshold: float = 0.0,
         candidates_min_score: Optional[float] = None,
         temperature: float = 1.0,
+        loss: str = "cross_entropy",
     ):
         tag_names([], scheme)  # validates the scheme
         self.vocab = vocab
@@ -143,6 +152,7 @@ class UnmaskNER(TrainablePipe):
             name, "temperature", temperature, _is_number(temperature) and 0.0 < temperature < math.inf,
             "a positive finite number",
         )
+        self.loss = _check_setting(name, "loss", loss, loss in LOSSES, f"one of {', '.join(LOSSES)}")
         self._span_lattice: Optional[SpanLattice] = None
 
     @property
@@ -273,6 +283,13 @@ class UnmaskNER(TrainablePipe):
                 gold = _biluo_to_bio_keep_missing(gold)
             # Missing ("-") or misaligned (None) gold tags carry no signal.
             truths.append([tag if tag in known else None for tag in gold])
+        if self.loss == "crf":
+            index = {tag: i for i, tag in enumerate(self.tags)}
+            gold_ids = [[index[tag] if tag is not None else None for tag in truth] for truth in truths]
+            # In training the softmax layer returns probabilities; its backprop takes d(logits).
+            log_probs = [np.log(np.maximum(self.model.ops.to_numpy(s), 1e-30)) for s in scores]
+            loss, grads = crf_loss(self._lattice(), log_probs, gold_ids)
+            return loss, [self.model.ops.asarray2f(g) for g in grads]
         loss_func = SequenceCategoricalCrossentropy(names=self.tags, normalize=False, missing_value=None)
         d_scores, loss = loss_func(scores, truths)
         return float(loss), d_scores
