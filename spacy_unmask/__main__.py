@@ -22,12 +22,12 @@ def main(argv=None) -> int:
     annotate = commands.add_parser(
         "annotate", help="tag a corpus (JSONL, Parquet, .txt folder) into resumable parts, bad records set aside"
     )
-    from .annotate import add_arguments as add_annotate_arguments
+    from .annotate.cli import add_arguments as add_annotate_arguments
 
     add_annotate_arguments(annotate)
     args = parser.parse_args(argv)
     if args.command == "annotate":
-        from .annotate import run as run_annotate
+        from .annotate.cli import run as run_annotate
 
         return run_annotate(args)
     if args.command == "download":

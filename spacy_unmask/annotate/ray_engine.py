@@ -17,9 +17,11 @@ default to max_restarts=-1, max_task_retries=-1: without limit, so a record that
 every process it meets would be retried forever; --max-chars bounds the text size). A
 batch's rows reach the writer only when its task succeeds, so each id is written once.
 A run is not resumable: OUTPUT must be new.
+
+Only the command line imports this module (it needs pyarrow and ray).
 """
+import dataclasses
 import os
-import signal
 import sys
 from pathlib import Path
 from typing import Any, Dict, Optional
@@ -30,27 +32,20 @@ import ray
 import ray.data
 from ray.data.datasource import FileBasedDatasource, FilenameProvider
 
-from .annotate import (
-    DEFAULT_MAX_CHARS,
+from .options import RayOptions, load_pipeline
+from .output import (
     ERRORS_DIR,
     Summary,
-    UsageError,
     annotation_row,
     annotation_schema,
-    input_kind,
-    jsonl_records,
-    load_pipeline,
     output_format,
-    parquet_records,
+    plain_name,
     prepare_output,
-    run_settings,
+    run_record,
     summarize,
-    txt_record,
 )
+from .records import PathLike, UsageError, input_kind, jsonl_records, parquet_records, txt_record
 
-# Test hook: when set to a path, the first actor to reach its second batch creates that
-# file and kills its own process (SIGKILL), once per file.
-KILL_ONCE_ENV = "SPACY_UNMASK_KILL_ACTOR_ONCE"
 RECORD_SCHEMA = pa.schema(
     [("id", pa.string()), ("line", pa.int64()), ("text", pa.string()), ("reason", pa.string()), ("raw", pa.string())]
 )
@@ -63,7 +58,8 @@ LIGHT_TASK_CPUS = 0.25
 class RecordSource(FileBasedDatasource):
     """INPUT as blocks of records (RECORD_SCHEMA), bad ones included with their reason."""
 
-    def __init__(self, path: Path, *, text_field: str, id_field: str, max_chars: int):
+    def __init__(self, path: PathLike, *, text_field: str, id_field: str, max_chars: int):
+        path = Path(path)
         self.kind = input_kind(path)
         self.root = str(path.resolve())
         self.fields = (text_field, id_field, max_chars)
@@ -104,7 +100,7 @@ class PipelineAnnotator:
     """Loads the pipeline once per actor; annotates batches of good records."""
 
     def __init__(self, pipeline: str, *, keep_text: bool, spans_key: str, max_chars: int, use_gpu: bool,
-                 num_threads: int = 1, kill_once: Optional[str] = None):
+                 num_threads: int = 1):
         import torch
 
         torch.set_num_threads(num_threads)  # the actor's CPUs, whatever OMP_NUM_THREADS the driver had
@@ -112,17 +108,8 @@ class PipelineAnnotator:
         self.keep_text = keep_text
         self.spans_key = spans_key
         self.schema = annotation_schema(keep_text)
-        self.kill_once = kill_once
-        self.batches = 0
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        self.batches += 1
-        if self.kill_once and self.batches == 2:
-            try:
-                os.close(os.open(self.kill_once, os.O_CREAT | os.O_EXCL))
-                os.kill(os.getpid(), signal.SIGKILL)
-            except FileExistsError:
-                pass
         ids = batch.column("id").to_pylist()
         docs = self.nlp.pipe(batch.column("text").to_pylist(), batch_size=len(ids))
         rows = [annotation_row(id, doc, self.keep_text, self.spans_key) for id, doc in zip(ids, docs)]
@@ -133,63 +120,59 @@ class _PartNames(FilenameProvider):
     """part-<write uuid>-<task>.jsonl|parquet, as the local engine's part-<index> files."""
 
     def get_filename_for_task(self, write_uuid: str, task_index: int) -> str:
-        return f"part-{write_uuid}-{task_index:06d}.{self.file_format}"
+        return plain_name(f"part-{write_uuid}-{task_index:06d}.{self.file_format}")
 
 
 def annotate_ray(
-    pipeline: str,
-    input: Path,
-    output: Path,
+    pipeline: PathLike,
+    input: PathLike,
+    output: PathLike,
+    options: Optional[RayOptions] = None,
     *,
-    text_field: str = "text",
-    id_field: str = "id",
-    keep_text: bool = False,
-    batch_size: int = 64,
-    max_chars: int = DEFAULT_MAX_CHARS,
-    spans_key: str = "ner",
-    concurrency: int = 1,
-    num_gpus: float = 0,
-    num_cpus: float = 1,
-    ray_address: Optional[str] = None,
+    annotator: type = PipelineAnnotator,
+    **fields,
 ) -> Summary:
-    """Annotate INPUT into OUTPUT on Ray Data (a local Ray unless `ray_address` is given)."""
+    """Annotate INPUT into OUTPUT on Ray Data (a local Ray unless `ray_address` is given).
+
+    `options`, or its fields as keywords, or both (keywords win). `annotator` is the
+    actor class: PipelineAnnotator or a subclass taking the same arguments."""
     input, output = Path(input), Path(output)
+    options = dataclasses.replace(options or RayOptions(), **fields)
     fmt = output_format(output)
     if fmt == "spacy":
         raise UsageError("OUTPUT *.spacy (DocBin) is written by the local engine only; use *.jsonl or *.parquet")
-    if concurrency < 1 or batch_size < 1:
-        raise UsageError(f"--concurrency and --batch-size must be at least 1, got {concurrency}, {batch_size}")
-    settings = run_settings(pipeline, input, "ray", text_field, id_field, keep_text, max_chars, spans_key, fmt)
-    prepare_output(output, settings, resume=False)
+    prepare_output(output, run_record(pipeline, input, "ray", options, fmt), resume=False)
     if not ray.is_initialized():
-        ray.init(address=ray_address)
-    spare = ray.cluster_resources().get("CPU", 0) - concurrency * num_cpus
+        ray.init(address=options.ray_address)
+    spare = ray.cluster_resources().get("CPU", 0) - options.concurrency * options.num_cpus
     if spare < LIGHT_TASK_CPUS:
         print(
-            f"annotate: warning: {concurrency} actors x --num-cpus {num_cpus} leave {spare:g} CPUs of this Ray for "
-            f"reading and writing ({LIGHT_TASK_CPUS} each); unless the cluster grows, the job waits forever",
+            f"annotate: warning: {options.concurrency} actors x --num-cpus {options.num_cpus} leave {spare:g} CPUs "
+            f"of this Ray for reading and writing ({LIGHT_TASK_CPUS} each); unless the cluster grows, the job "
+            "waits forever",
             file=sys.stderr,
         )
     light = {"num_cpus": LIGHT_TASK_CPUS}
-    records = ray.data.read_datasource(
-        RecordSource(input, text_field=text_field, id_field=id_field, max_chars=max_chars), num_cpus=LIGHT_TASK_CPUS
+    source = RecordSource(
+        input, text_field=options.text_field, id_field=options.id_field, max_chars=options.max_chars
     )
+    records = ray.data.read_datasource(source, num_cpus=LIGHT_TASK_CPUS)
     records.map_batches(bad_records, batch_format="pyarrow", **light).write_json(
         str(output / ERRORS_DIR), filename_provider=_PartNames(file_format="jsonl"), ray_remote_args=light,
         force_ascii=True,
     )
     constructor: Dict[str, Any] = dict(
-        pipeline=str(Path(pipeline).resolve()), keep_text=keep_text, spans_key=spans_key, max_chars=max_chars,
-        use_gpu=num_gpus > 0, num_threads=max(1, round(num_cpus)), kill_once=os.environ.get(KILL_ONCE_ENV),
+        pipeline=str(Path(pipeline).resolve()), keep_text=options.keep_text, spans_key=options.spans_key,
+        max_chars=options.max_chars, use_gpu=options.num_gpus > 0, num_threads=max(1, round(options.num_cpus)),
     )
     annotated = records.map_batches(good_records, batch_format="pyarrow", **light).map_batches(
-        PipelineAnnotator,
+        annotator,
         fn_constructor_kwargs=constructor,
-        batch_size=batch_size,
+        batch_size=options.batch_size,
         batch_format="pyarrow",
-        concurrency=concurrency,
-        num_gpus=num_gpus,
-        num_cpus=num_cpus,
+        concurrency=options.concurrency,
+        num_gpus=options.num_gpus,
+        num_cpus=options.num_cpus,
         # Fault tolerance is Ray Data's default for actor pools: max_restarts=-1 and
         # max_task_retries=-1 (a dead actor is replaced and its batch retried, without limit).
     )

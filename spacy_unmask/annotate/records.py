@@ -1,0 +1,235 @@
+"""The readers of `annotate`: INPUT (a JSONL file, a Parquet file or a folder of .txt
+files) as a stream of `Record`s, bad ones included with the reason they cannot be
+annotated. Both engines read through these functions, so they agree on ids, line
+numbers and reasons.
+"""
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, BinaryIO, Dict, Iterator, List, Optional, Union
+
+PathLike = Union[str, Path]
+# spaCy's default nlp.max_length: longer texts would make the pipeline raise.
+DEFAULT_MAX_CHARS = 1_000_000
+_CHUNK_BYTES = 1 << 20
+
+
+class UsageError(ValueError):
+    """The command cannot start: a setting, the input or OUTPUT is wrong."""
+
+
+@dataclasses.dataclass
+class Record:
+    """One input record; `reason` says why it cannot be annotated (None: it can)."""
+
+    id: str
+    line: Optional[int]  # JSONL line or Parquet row (1-based); None for a .txt file
+    text: Optional[str]
+    reason: Optional[str] = None
+    raw: Optional[str] = None  # the JSONL line or .txt content of a bad record
+
+
+def input_kind(path: PathLike) -> str:
+    """"jsonl", "parquet" or "txt" (a folder), from INPUT's name; UsageError otherwise."""
+    path = Path(path)
+    if not path.exists():
+        raise UsageError(f"INPUT {str(path)!r} does not exist")
+    if path.is_dir():
+        return "txt"
+    if path.suffix == ".parquet":
+        return "parquet"
+    if path.suffix in (".jsonl", ".json", ".ndjson"):
+        return "jsonl"
+    raise UsageError(
+        f"INPUT {str(path)!r}: expected a .jsonl file, a .parquet file or a folder of .txt files"
+    )
+
+
+def safe_text(text: str) -> str:
+    """`text`, with lone surrogates (which no UTF-8 writer accepts) as \\udXXX escapes."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def record_id(value: Any, line: Optional[int]) -> str:
+    """Ids are written as strings: the input's id as text, else the line or row number.
+
+    An id is only ever written inside a row, never used as a file name."""
+    if value is None:
+        return str(line)
+    return safe_text(value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str))
+
+
+def text_problem(text: Any, field: str, max_chars: int) -> Optional[str]:
+    """Why `text` cannot be annotated, or None."""
+    if text is None:
+        return f"field {field!r} is missing or null"
+    if not isinstance(text, str):
+        return f"field {field!r} is {_json_type(text)}, not a string"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return f"field {field!r} is not valid Unicode: lone surrogate at character {e.start}"
+    if len(text) > max_chars:
+        return f"text has {len(text)} characters, more than --max-chars {max_chars}"
+    return None
+
+
+def _json_type(value: Any) -> str:
+    names = {bool: "a boolean", int: "a number", float: "a number", list: "an array", dict: "an object"}
+    return names.get(type(value), type(value).__name__)
+
+
+def iter_lines(stream: BinaryIO) -> Iterator[bytes]:
+    """The lines of a binary stream, split at b"\\n" only (JSON strings may hold U+2028)."""
+    rest = b""
+    while True:
+        chunk = stream.read(_CHUNK_BYTES)
+        if not chunk:
+            break
+        parts = (rest + chunk).split(b"\n")
+        rest = parts.pop()
+        yield from parts
+    if rest:
+        yield rest
+
+
+def parse_jsonl_line(raw: bytes, line: int, text_field: str, id_field: str, max_chars: int) -> Optional[Record]:
+    """The record on one JSONL line; None for a blank line (not a record)."""
+    if line == 1 and raw.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark
+        raw = raw[3:]
+    if not raw.strip():
+        return None
+    shown = raw.decode("utf-8", "backslashreplace")
+    try:
+        decoded = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        try:  # the id may still be readable
+            data = json.loads(raw.decode("utf-8", "replace"))
+            value = data.get(id_field) if isinstance(data, dict) else None
+        except ValueError:
+            value = None
+        reason = f"not valid UTF-8: byte 0x{raw[e.start]:02x} at byte {e.start}"
+        return Record(record_id(value, line), line, None, reason, shown)
+    try:
+        data = json.loads(decoded)
+    except ValueError as e:
+        reason = f"not JSON: {getattr(e, 'msg', e)} (column {getattr(e, 'colno', '?')})"
+        return Record(str(line), line, None, reason, shown)
+    if not isinstance(data, dict):
+        return Record(str(line), line, None, f"not a JSON object but {_json_type(data)}", shown)
+    text = data.get(text_field)
+    reason = text_problem(text, text_field, max_chars)
+    key = record_id(data.get(id_field), line)
+    return Record(key, line, None, reason, shown) if reason else Record(key, line, text)
+
+
+def jsonl_records(stream: BinaryIO, text_field: str, id_field: str, max_chars: int) -> Iterator[Record]:
+    for line, raw in enumerate(iter_lines(stream), start=1):
+        record = parse_jsonl_line(raw, line, text_field, id_field, max_chars)
+        if record is not None:
+            yield record
+
+
+def require_pyarrow():
+    """pyarrow (with pyarrow.parquet), or a UsageError naming the extra that brings it."""
+    try:
+        import pyarrow
+        import pyarrow.parquet  # noqa: F401
+    except ImportError:
+        raise UsageError(
+            "Parquet needs pyarrow: pip install 'spacy-unmask[ray]' (or pip install pyarrow)"
+        ) from None
+    return pyarrow
+
+
+def parquet_records(source, text_field: str, id_field: str, max_chars: int) -> Iterator[Record]:
+    """Records of a Parquet file (a path or a random-access file); `line` is the row number."""
+    pa = require_pyarrow()
+    parquet = pa.parquet.ParquetFile(str(source) if isinstance(source, Path) else source)
+    schema = parquet.schema_arrow
+    if text_field not in schema.names:
+        raise UsageError(f"INPUT has no column {text_field!r} (columns: {schema.names}); choose one with --text-field")
+    text_type = schema.field(text_field).type
+    if not (pa.types.is_string(text_type) or pa.types.is_large_string(text_type) or pa.types.is_binary(text_type)
+            or pa.types.is_large_binary(text_type)):
+        raise UsageError(
+            f"INPUT column {text_field!r} is {text_type}, not a string column; choose one with --text-field"
+        )
+    columns = [text_field] + ([id_field] if id_field in schema.names else [])
+    row = 0
+    for batch in parquet.iter_batches(batch_size=4096, columns=columns):
+        # As bytes: a string column may still hold invalid UTF-8, which must not stop the run.
+        texts = batch.column(text_field).cast(pa.large_binary()).to_pylist()
+        ids = batch.column(id_field).to_pylist() if id_field in schema.names else [None] * len(texts)
+        for raw, value in zip(texts, ids):
+            row += 1
+            yield _text_record(raw, record_id(value, row), row, text_field, max_chars)
+
+
+def _text_record(raw: Optional[bytes], id: str, line: Optional[int], field: str, max_chars: int) -> Record:
+    if raw is None:
+        return Record(id, line, None, f"field {field!r} is missing or null")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        reason = f"not valid UTF-8: byte 0x{raw[e.start]:02x} at byte {e.start}"
+        return Record(id, line, None, reason, raw.decode("utf-8", "backslashreplace"))
+    reason = text_problem(text, field, max_chars)
+    return Record(id, line, None if reason else text, reason)
+
+
+def txt_files(folder: PathLike) -> List[Path]:
+    """The .txt files under `folder`, by relative path, skipping names that start with '.' or
+    '_' (as Ray Data does when it lists a folder)."""
+    folder = Path(folder)
+    names = {p.relative_to(folder).as_posix(): p for p in folder.rglob("*.txt") if p.is_file()}
+    return [names[name] for name in sorted(names) if not name.startswith((".", "_"))]
+
+
+def txt_record(content: bytes, id: str, max_chars: int) -> Record:
+    """A .txt file as a record; its id is its path relative to INPUT (written in rows only)."""
+    return _text_record(content, safe_text(id), None, "text", max_chars)
+
+
+def iter_records(
+    path: PathLike, text_field: str = "text", id_field: str = "id", max_chars: int = DEFAULT_MAX_CHARS
+) -> Iterator[Record]:
+    """Every record of INPUT, in input order."""
+    path = Path(path)
+    kind = input_kind(path)
+    if kind == "jsonl":
+        with path.open("rb") as stream:
+            yield from jsonl_records(stream, text_field, id_field, max_chars)
+    elif kind == "parquet":
+        yield from parquet_records(str(path), text_field, id_field, max_chars)
+    else:
+        for file in txt_files(path):
+            yield txt_record(file.read_bytes(), file.relative_to(path).as_posix(), max_chars)
+
+
+def count_input(path: PathLike) -> int:
+    """How many records INPUT holds (non-blank lines, rows, files), without parsing them."""
+    path = Path(path)
+    kind = input_kind(path)
+    if kind == "jsonl":
+        with path.open("rb") as stream:
+            return sum(1 for raw in iter_lines(stream) if raw.strip())
+    if kind == "parquet":
+        return require_pyarrow().parquet.ParquetFile(str(path)).metadata.num_rows
+    return len(txt_files(path))
+
+
+def input_fingerprint(path: PathLike) -> Dict[str, int]:
+    """Size and modification time of INPUT, to refuse resuming on a changed input."""
+    path = Path(path)
+    files = txt_files(path) if path.is_dir() else [path]
+    stats = [f.stat() for f in files]
+    return {
+        "files": len(files),
+        "bytes": sum(s.st_size for s in stats),
+        "mtime_ns": max((s.st_mtime_ns for s in stats), default=0),
+    }
