@@ -22,6 +22,7 @@ from .fused import fuse_rms_norms
 from .families import decoder_layers
 from .loading import decoder_from_config, load_config, load_decoder
 from .lora import apply_finetuning, merge_copies, restore
+from .quantize import quantize_linears, restore_linears
 from .masks import build_layer_masks, layer_windows, parse_unmask, segment_positions
 from .settings import BackboneSettings
 
@@ -91,6 +92,9 @@ class Backbone(nn.Module):
         # any training step, save or device move puts the originals back first.
         self.merge_for_inference = False
         self._unmerged = None
+        # With `quantize` set, prediction swaps the linear layers for int8 ones (from the
+        # unmerged weights); the originals come back the same way.
+        self._unquantized = None
 
     @classmethod
     def load(cls, settings: BackboneSettings) -> "Backbone":
@@ -169,7 +173,9 @@ class Backbone(nn.Module):
         return pool_pieces(torch.cat(tables), batch, self.settings.pooling)
 
     def predict(self, batch: PieceBatch) -> List[torch.Tensor]:
-        self.set_merged(self.merge_for_inference)
+        quantized = self.settings.quantize == "int8"
+        self.set_merged(self.merge_for_inference and not quantized)
+        self.set_quantized(quantized)
         if self.training or self.model.training:
             # only after a training step: eval() walks every submodule (~1% of nlp.pipe)
             self.eval()
@@ -222,15 +228,47 @@ class Backbone(nn.Module):
         """Fold LoRA into copies of the base weights (True) or put the originals back."""
         if merged == self.merged:
             return
+        self.set_quantized(False)
         if merged:
             self._unmerged = merge_copies(self.model)
         else:
             restore(self._unmerged)
             self._unmerged = None
 
-    def saved_state(self) -> dict:
-        """The weights to save (all, or LoRA only in adapter mode), never merged."""
+    def prepare_training(self) -> None:
+        """Before a training step: the stored weights in place (not merged, not int8)."""
+        if self.settings.quantize != "none":
+            raise ValueError(
+                f"quantize = {self.settings.quantize!r} is for prediction only: train with quantize = "
+                "\"none\" (the default) and set it when loading the trained pipeline, e.g. spacy.load(path, "
+                "config={\"components\": {\"ner\": {\"model\": {\"tok2vec\": {\"quantize\": \"int8\"}}}}})"
+            )
         self.set_merged(False)
+
+    @property
+    def quantized(self) -> bool:
+        return self._unquantized is not None
+
+    def set_quantized(self, quantized: bool) -> None:
+        """Swap the decoder blocks' linear layers for int8 ones (True) or put them back."""
+        if quantized == self.quantized:
+            return
+        if quantized:
+            if self.device.type != "cpu":
+                raise ValueError(
+                    f"quantize = \"int8\" runs on the CPU only (torch's int8 matrix multiply); on {self.device} "
+                    "use quantize = \"none\" with dtype = \"bfloat16\""
+                )
+            self.set_merged(False)
+            self._unquantized = quantize_linears(self.model)
+        else:
+            restore_linears(self._unquantized)
+            self._unquantized = None
+
+    def saved_state(self) -> dict:
+        """The weights to save (all, or LoRA only in adapter mode), never merged or int8."""
+        self.set_merged(False)
+        self.set_quantized(False)
         state = self.model.state_dict()
         if self.settings.save_mode == "adapter":
             state = {k: v for k, v in state.items() if "lora_" in k}
@@ -238,6 +276,7 @@ class Backbone(nn.Module):
 
     def _apply(self, fn, *args, **kwargs):
         self.set_merged(False)  # .to() / .half() must move the original weights
+        self.set_quantized(False)
         return super()._apply(fn, *args, **kwargs)
 
 

@@ -20,6 +20,7 @@ FINETUNE_MODES = ("lora", "frozen", "full")
 SAVE_MODES = ("full", "adapter")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_IMPLEMENTATIONS = ("auto", "sdpa", "eager")
+QUANTIZE_MODES = ("none", "int8")
 
 
 @dataclass
@@ -74,6 +75,11 @@ class BackboneSettings:
     where it is furthest from an edge."""
     max_batch_pieces: int = 4096
     """Pieces per forward pass, padding included (bounds memory)."""
+    quantize: str = "none"
+    """"none" or "int8": at prediction, the decoder blocks' linear layers (LoRA folded in)
+    run as int8 x int8 matrix multiplies, activations quantised per piece (`quantize.py`;
+    CPU only, inference only: training with it set is refused). Saved weights stay full
+    precision; set it at load time with spacy.load(path, config=...)."""
     dtype: str = "auto"
     """"auto" (bfloat16 where the CPU or GPU supports it), "float32", "bfloat16",
     "float16". Frozen weights are stored in it; LoRA weights stay float32."""
@@ -97,6 +103,7 @@ class BackboneSettings:
         _one_of("finetune", self.finetune, FINETUNE_MODES)
         _one_of("save_mode", self.save_mode, SAVE_MODES)
         _one_of("dtype", self.dtype, DTYPES)
+        _one_of("quantize", self.quantize, QUANTIZE_MODES)
         if self.attn_implementation not in ATTENTION_IMPLEMENTATIONS:
             raise ValueError(
                 f"attn_implementation {self.attn_implementation!r} is not supported; accepted: "

@@ -23,10 +23,8 @@ LAYER_NAME = "decoder_tok2vec"
 def DecoderTok2Vec(**settings) -> Model[List[Doc], List[Floats2d]]:
     """A decoder LLM with a per-layer causal mask, as a tok2vec layer.
 
-    Takes the fields of `spacy_unmask.settings.BackboneSettings`, where each
-    is documented (name, unmask, lookahead, pooling, finetune, lora_*,
-    num_layers, window, stride, max_batch_pieces, dtype, attn_implementation,
-    gradient_checkpointing, save_mode, trust_remote_code).
+    Takes exactly the fields of `spacy_unmask.settings.BackboneSettings` as
+    keyword arguments (its signature is made from them), each documented there.
     """
     return decoder_tok2vec(BackboneSettings(**settings))
 
@@ -78,7 +76,7 @@ def forward(model: Model, docs: List[Doc], is_train: bool):
     batch = backbone.plan(docs)
     if not is_train:
         return [model.ops.asarray2f(torch2xp(t.float())) for t in backbone.predict(batch)], lambda d: []
-    backbone.set_merged(False)
+    backbone.prepare_training()
     outputs, torch_backprop = shim(ArgsKwargs(args=(batch,), kwargs={}), is_train)
     vectors = [model.ops.asarray2f(torch2xp(t.detach().float())) for t in outputs]
 

@@ -1,0 +1,102 @@
+"""Dynamic int8 inference on the CPU: int8 weights, activations quantised per token.
+
+`quantize = "int8"` replaces each linear layer of the decoder blocks (its LoRA
+adapter folded in first, exactly, in float32) by an `Int8Linear`: the weight is
+stored as int8 with one scale per output channel, and at each call every row
+(piece) of the input gets its own scale from its largest absolute value, so a
+piece with large activations does not crush the resolution of the others. The
+product runs as an int8 x int8 -> int32 matrix multiply (`torch._int_mm`, VNNI on
+x86 CPUs that have it) and is rescaled into the input's dtype.
+
+The model stays a torch module: the per-layer mask hooks still see every layer.
+The stored full-precision weights are kept aside, never changed, and put back
+for saving or any training step (`Backbone.set_inference_form`), so a pipeline
+saved with `quantize = "int8"` in its config keeps its full weights and loads
+quantised.
+
+Per-tensor activation scales (torch's legacy `quantize_dynamic`) moved Gemma 3's
+last hidden state by a relative error of 0.65; see BENCHMARKS.md, "int8".
+"""
+from typing import Dict, Tuple
+
+import torch
+from torch import nn
+
+from .families import decoder_layers
+
+
+class Int8Linear(nn.Module):
+    """y = x W^T (+ b) with W in int8 (per output channel) and x quantised per row."""
+
+    def __init__(self, weight: torch.Tensor, bias=None):
+        super().__init__()
+        weight = weight.detach().float()
+        scale = weight.abs().amax(dim=1).clamp(min=1e-12) / 127.0
+        q = torch.round(weight / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+        self.register_buffer("weight_t", q.t().contiguous(), persistent=False)  # (in, out)
+        self.register_buffer("weight_scale", scale, persistent=False)
+        self.register_buffer("bias", None if bias is None else bias.detach().float(), persistent=False)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The int8 weight, (out, in), as nn.Linear lays it out (for inspection)."""
+        return self.weight_t.t()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        rows = x.reshape(-1, shape[-1])
+        top = rows.abs().amax(dim=1, keepdim=True).float().clamp_(min=1e-12)
+        q = (rows * (127.0 / top)).round_().clamp_(-127, 127).to(torch.int8)
+        out = torch._int_mm(q, self.weight_t).to(x.dtype)
+        out = out * (top / 127.0).to(x.dtype)
+        out = out * self.weight_scale.to(x.dtype)
+        if self.bias is not None:
+            out = out + self.bias.to(x.dtype)
+        return out.reshape(*shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8"
+
+
+def folded_weight(module: nn.Module) -> Tuple[torch.Tensor, object]:
+    """(weight with any active LoRA adapter folded in, in float32; bias) of a linear layer."""
+    from peft.tuners.lora import LoraLayer
+
+    if isinstance(module, LoraLayer):
+        base = module.get_base_layer()
+        weight = base.weight.detach().float()
+        for adapter in module.active_adapters:
+            if adapter in module.lora_A:
+                weight = weight + module.get_delta_weight(adapter).float()
+        return weight, base.bias
+    return module.weight.detach().float(), module.bias
+
+
+def quantize_linears(model: nn.Module) -> Dict[Tuple[nn.Module, str], nn.Module]:
+    """Swap every linear layer of the decoder blocks (LoRA-wrapped or plain) for an
+    `Int8Linear`; return {(parent, name): original module} for `restore_linears`."""
+    from peft.tuners.lora import LoraLayer
+
+    originals: Dict[Tuple[nn.Module, str], nn.Module] = {}
+    with torch.no_grad():
+        for block in decoder_layers(model):
+            # A LoRA layer is replaced whole; the linear layers inside it are its own.
+            inside = {id(m) for lora in block.modules() if isinstance(lora, LoraLayer) for m in lora.modules() if m is not lora}
+            targets = [
+                (parent, name, child)
+                for parent in block.modules()
+                if id(parent) not in inside
+                for name, child in parent.named_children()
+                if isinstance(child, (LoraLayer, nn.Linear)) and id(child) not in inside
+            ]
+            for parent, name, child in targets:
+                weight, bias = folded_weight(child)
+                setattr(parent, name, Int8Linear(weight, bias).to(weight.device))
+                originals[(parent, name)] = child
+    return originals
+
+
+def restore_linears(originals: Dict[Tuple[nn.Module, str], nn.Module]) -> None:
+    for (parent, name), module in originals.items():
+        setattr(parent, name, module)

@@ -1,0 +1,114 @@
+"""`quantize = "int8"` (`quantize.py`): int8 weights, per-piece activation scales, masks
+still on every layer, full-precision weights saved, training refused."""
+import numpy as np
+import pytest
+import spacy
+import torch
+from spacy.training import Example
+from thinc.api import Adam
+
+from spacy_unmask import get_backbone
+from spacy_unmask.quantize import Int8Linear
+from test_saving import read_backbone
+
+TRAIN = [
+    ("Peter Blackburn visited Brussels .", [("Peter Blackburn", "PER"), ("Brussels", "LOC")]),
+    ("EU rejects German call to boycott British lamb .", [("EU", "ORG")]),
+    ("The capital of Germany is Berlin .", [("Germany", "LOC"), ("Berlin", "LOC")]),
+]
+TEXTS = [t for t, _ in TRAIN] + ["Peter visited Berlin and the EU .", "Brussels rejects Peter Blackburn ."]
+QUANTIZE = {"components": {"ner": {"model": {"tok2vec": {"quantize": "int8"}}}}}
+
+
+@pytest.fixture(scope="module")
+def saved(tiny_dirs, tmp_path_factory):
+    nlp = spacy.blank("en")
+    nlp.add_pipe("unmask_ner", name="ner", config={"model": {"tok2vec": {
+        "name": tiny_dirs("gemma3_text", "metaspace"), "dtype": "float32", "lora_r": 4, "lora_dropout": 0.0,
+        "lora_targets": ["attention", "mlp"]}}})
+    egs = []
+    for text, ents in TRAIN:
+        spans = [(text.index(s), text.index(s) + len(s), label) for s, label in ents]
+        egs.append(Example.from_dict(nlp.make_doc(text), {"entities": spans}))
+    nlp.initialize(lambda: egs)
+    optimizer = Adam(0.005)
+    for _ in range(60):
+        nlp.update(egs, sgd=optimizer)
+    path = tmp_path_factory.mktemp("quantize") / "pipeline"
+    nlp.to_disk(path)
+    return path
+
+
+def ents(doc):
+    return [(e.start, e.end, e.label_) for e in doc.ents]
+
+
+def test_int8_pipeline_has_int8_weights_and_finds_the_same_entities(saved):
+    full = spacy.load(saved)
+    int8 = spacy.load(saved, config=QUANTIZE)
+    docs_full, docs_int8 = list(full.pipe(TEXTS)), list(int8.pipe(TEXTS))
+    backbone = get_backbone(int8)
+    linears = [m for m in backbone.model.modules() if isinstance(m, Int8Linear)]
+    assert len(linears) == 7 * backbone.num_layers  # q k v o gate up down, LoRA folded in
+    assert all(m.weight.dtype == torch.int8 for m in linears)
+    assert not [m for m in backbone.model.layers.modules() if isinstance(m, torch.nn.Linear)]
+    assert sum(len(d.ents) for d in docs_full) >= 4
+    # On these texts the trained tiny model's entities survive int8 exactly, and every
+    # entity score moves by little.
+    assert [ents(d) for d in docs_int8] == [ents(d) for d in docs_full]
+    for a, b in zip(docs_full, docs_int8):
+        np.testing.assert_allclose(a.spans["ner"].attrs["scores"], b.spans["ner"].attrs["scores"], atol=0.05)
+
+
+def test_int8_vectors_stay_close_to_full_precision(saved):
+    full, int8 = spacy.load(saved), spacy.load(saved, config=QUANTIZE)
+    docs = [full.make_doc(t) for t in TEXTS]
+    for a, b in zip(full.get_pipe("ner").model.get_ref("tok2vec").predict(docs),
+                    int8.get_pipe("ner").model.get_ref("tok2vec").predict(docs)):
+        cosine = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+        assert cosine.min() > 0.99
+
+
+def test_masks_still_reach_every_layer(saved):
+    int8 = spacy.load(saved, config=QUANTIZE)
+    backbone = get_backbone(int8)
+    int8("Peter visited Berlin .")  # quantised now
+    backbone.model.layers[2]._forward_pre_hooks.clear()
+    with pytest.raises(RuntimeError, match=r"decoder layers \[2\] did not take"):
+        int8("Peter visited Berlin .")
+
+
+def test_saved_with_int8_keeps_full_weights_and_loads_quantised(saved, tmp_path):
+    int8 = spacy.load(saved, config=QUANTIZE)
+    expected = [ents(d) for d in int8.pipe(TEXTS)]
+    int8.to_disk(tmp_path / "again")
+    # the same full-precision weights (the settings copy beside them says int8)
+    assert read_backbone(tmp_path / "again" / "ner" / "model") == read_backbone(saved / "ner" / "model")
+    again = spacy.load(tmp_path / "again")
+    assert again.config["components"]["ner"]["model"]["tok2vec"]["quantize"] == "int8"
+    assert [ents(d) for d in again.pipe(TEXTS)] == expected
+    assert any(isinstance(m, Int8Linear) for m in get_backbone(again).model.modules())
+
+
+def test_training_with_int8_is_refused(saved):
+    int8 = spacy.load(saved, config=QUANTIZE)
+    text, spans = TRAIN[0]
+    eg = Example.from_dict(int8.make_doc(text), {"entities": [(0, 15, "PER")]})
+    with pytest.raises(ValueError, match="quantize = 'int8' is for prediction only"):
+        int8.update([eg], sgd=Adam(0.001))
+
+
+def test_unknown_quantize_value_names_the_accepted_ones(tiny_dirs):
+    nlp = spacy.blank("en")
+    with pytest.raises(ValueError, match="quantize 'int4' is not supported; accepted: none, int8"):
+        nlp.add_pipe("unmask_ner", config={"model": {"tok2vec": {"name": tiny_dirs("llama"), "quantize": "int4"}}})
+
+
+def test_int8_linear_matches_a_float_linear_closely():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 48)
+    x = torch.randn(5, 7, 64) * torch.logspace(-2, 2, 7)[None, :, None]  # rows of very different sizes
+    got = Int8Linear(linear.weight, linear.bias)(x)
+    want = linear(x)
+    rel = (got - want).norm(dim=-1) / want.norm(dim=-1)
+    assert rel.max() < 0.02  # per-row scales: small rows keep their precision
