@@ -207,3 +207,19 @@ def test_parquet_and_txt_input_parquet_and_docbin_output(pipeline_dir, nlp, corp
     assert sorted(p.relative_to(output).as_posix() for p in output.rglob("*")) == [
         "_errors", "_errors/part-00000.jsonl", "_run.json", "part-00000.spacy"
     ]
+
+
+def test_quantize_int8_writes_the_same_records_format(pipeline_dir, tmp_path):
+    path = tmp_path / "good.jsonl"
+    path.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(GOOD_TEXTS)))
+    full, int8 = tmp_path / "full.jsonl", tmp_path / "int8.jsonl"
+    assert main(["annotate", pipeline_dir, str(path), str(full)]) == EXIT_OK
+    assert main(["annotate", pipeline_dir, str(path), str(int8), "--quantize", "int8"]) == EXIT_OK
+    rows_full, rows_int8 = list(read_output(full)), list(read_output(int8))
+    assert [r["id"] for r in rows_int8] == [r["id"] for r in rows_full]
+    for a, b in zip(rows_full, rows_int8):
+        assert set(a) == set(b)
+        assert all(set(e) == set(f) for e in a["entities"] for f in b["entities"])
+    # the run record says int8, so a resume without it is refused rather than mixing parts
+    assert json.loads((int8 / "_run.json").read_text())["quantize"] == "int8"
+    assert main(["annotate", pipeline_dir, str(path), str(int8), "--quantize", "none"]) == EXIT_USAGE

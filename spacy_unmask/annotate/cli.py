@@ -7,6 +7,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
+from ..settings import QUANTIZE_MODES
 from .options import LocalOptions, Options, RayOptions, flag
 from .output import EXIT_COUNTS_DIFFER, EXIT_USAGE, ERRORS_DIR
 from .records import UsageError
@@ -40,6 +41,9 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument("--spans-key", default=shared.spans_key,
                         help=f"doc.spans key holding entity scores (default: {shared.spans_key})")
+    parser.add_argument("--quantize", choices=QUANTIZE_MODES, default=shared.quantize,
+                        help="the backbone's quantize setting for this run: int8 runs the decoder's linear "
+                        "layers in int8 (CPU); default: as the pipeline was saved")
     group = parser.add_argument_group("local engine")
     group.add_argument("--part-size", type=int, default=local.part_size,
                        help=f"records per output part, the unit of resuming (default: {local.part_size})")

@@ -50,7 +50,7 @@ def annotate_local(
     if fmt == "parquet":
         require_pyarrow()
     prepare_output(output, run_record(pipeline, input, "local", options, fmt), resume=True)
-    nlp = load_pipeline(str(pipeline), options.max_chars, options.gpu_id)
+    nlp = load_pipeline(str(pipeline), options.max_chars, options.gpu_id, options.quantize)
     suffix = "." + fmt
 
     from spacy.util import minibatch

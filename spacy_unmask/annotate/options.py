@@ -18,6 +18,13 @@ def _at_least_one(options, names) -> None:
         raise UsageError(f"{flags} must be at least 1, got {got}")
 
 
+def _quantize_mode(options) -> None:
+    from ..settings import QUANTIZE_MODES
+
+    if options.quantize is not None and options.quantize not in QUANTIZE_MODES:
+        raise UsageError(f"--quantize {options.quantize!r} is not supported; accepted: {', '.join(QUANTIZE_MODES)}")
+
+
 def flag(name: str) -> str:
     """The command-line flag of an option: part_size -> --part-size."""
     return "--" + name.replace("_", "-")
@@ -33,9 +40,11 @@ class Options:
     batch_size: int = 64  # docs per nlp.pipe batch, or per Ray batch
     max_chars: int = DEFAULT_MAX_CHARS  # longer texts go to the errors
     spans_key: str = "ner"  # doc.spans key holding entity scores
+    quantize: Optional[str] = None  # the backbones' `quantize` for this run: none | int8 (CPU); None: as saved
 
     def __post_init__(self):
         _at_least_one(self, ["batch_size"])
+        _quantize_mode(self)
 
     @classmethod
     def own_fields(cls):
@@ -53,6 +62,7 @@ class LocalOptions(Options):
 
     def __post_init__(self):
         _at_least_one(self, ["part_size", "batch_size", "n_process"])
+        _quantize_mode(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,14 +74,18 @@ class RayOptions(Options):
 
     def __post_init__(self):
         _at_least_one(self, ["concurrency", "batch_size"])
+        _quantize_mode(self)
 
 
-def load_pipeline(pipeline, max_chars: int = DEFAULT_MAX_CHARS, gpu_id: int = -1):
-    """spacy.load(pipeline), on GPU `gpu_id` (-1: CPU), accepting texts of `max_chars`."""
+def load_pipeline(pipeline, max_chars: int = DEFAULT_MAX_CHARS, gpu_id: int = -1, quantize: Optional[str] = None):
+    """spacy.load(pipeline), on GPU `gpu_id` (-1: CPU), accepting texts of `max_chars`,
+    with its decoder backbones' `quantize` setting changed at load time (None: as saved)."""
     import spacy
+
+    from ..layers.decoder_tok2vec import load_with
 
     if gpu_id >= 0:
         spacy.require_gpu(gpu_id)
-    nlp = spacy.load(pipeline)
+    nlp = load_with(pipeline, **({} if quantize is None else {"quantize": quantize}))
     nlp.max_length = max(nlp.max_length, max_chars)
     return nlp

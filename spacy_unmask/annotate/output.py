@@ -202,6 +202,7 @@ def run_record(pipeline: PathLike, input: PathLike, engine: str, options: Option
         "keep_text": options.keep_text,
         "max_chars": options.max_chars,
         "spans_key": options.spans_key,
+        "quantize": options.quantize,
     }
     if hasattr(options, "part_size"):
         record["part_size"] = options.part_size

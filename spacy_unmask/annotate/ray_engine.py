@@ -100,11 +100,11 @@ class PipelineAnnotator:
     """Loads the pipeline once per actor; annotates batches of good records."""
 
     def __init__(self, pipeline: str, *, keep_text: bool, spans_key: str, max_chars: int, use_gpu: bool,
-                 num_threads: int = 1):
+                 num_threads: int = 1, quantize=None):
         import torch
 
         torch.set_num_threads(num_threads)  # the actor's CPUs, whatever OMP_NUM_THREADS the driver had
-        self.nlp = load_pipeline(pipeline, max_chars, 0 if use_gpu else -1)  # Ray sets CUDA_VISIBLE_DEVICES
+        self.nlp = load_pipeline(pipeline, max_chars, 0 if use_gpu else -1, quantize)  # Ray sets CUDA_VISIBLE_DEVICES
         self.keep_text = keep_text
         self.spans_key = spans_key
         self.schema = annotation_schema(keep_text)
@@ -164,6 +164,7 @@ def annotate_ray(
     constructor: Dict[str, Any] = dict(
         pipeline=str(Path(pipeline).resolve()), keep_text=options.keep_text, spans_key=options.spans_key,
         max_chars=options.max_chars, use_gpu=options.num_gpus > 0, num_threads=max(1, round(options.num_cpus)),
+        quantize=options.quantize,
     )
     annotated = records.map_batches(good_records, batch_format="pyarrow", **light).map_batches(
         annotator,

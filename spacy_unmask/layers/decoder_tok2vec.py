@@ -8,6 +8,7 @@ Its settings are `BackboneSettings` (one object, shared with the backbone);
 `get_backbone` returns the backbone of a pipeline, component or layer.
 """
 from functools import partial
+from pathlib import Path
 from typing import List
 
 from spacy.tokens import Doc
@@ -102,6 +103,35 @@ def _settings_to_bytes(_, value: BackboneSettings, name: str, model: Model) -> b
 @deserialize_attr.register(BackboneSettings)
 def _settings_from_bytes(current: BackboneSettings, data: bytes, name: str, model: Model) -> BackboneSettings:
     return current
+
+
+def load_with(path, **settings):
+    """spacy.load(path) with backbone settings changed at load time (e.g. quantize="int8"),
+    in every spacy_unmask.DecoderTok2Vec.v1 block of the pipeline's config, wherever it sits."""
+    import spacy
+    from spacy.util import load_config
+
+    from ..settings import BackboneSettings
+
+    unknown = set(settings) - set(BackboneSettings.__dataclass_fields__)
+    if unknown:
+        raise ValueError(f"unknown backbone settings {sorted(unknown)}")
+    if not settings:
+        return spacy.load(path)
+    overrides = {}
+
+    def walk(block, at):
+        if isinstance(block, dict):
+            if block.get("@architectures") == "spacy_unmask.DecoderTok2Vec.v1":
+                for key, value in settings.items():
+                    overrides[".".join(at + [key])] = value
+            for key, value in block.items():
+                walk(value, at + [key])
+
+    walk(load_config(Path(path) / "config.cfg", interpolate=False), [])
+    if not overrides:
+        raise ValueError(f"{path}: no spacy_unmask.DecoderTok2Vec.v1 backbone in the pipeline's config")
+    return spacy.load(path, config=overrides)
 
 
 def get_backbone(obj, pipe_name=None):
