@@ -25,7 +25,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--data", required=True, type=Path, help="a .spacy file with gold entities (e.g. corpus/wnut17/test.spacy)")
     parser.add_argument("--n-docs", type=int, default=400, help="documents to time (default 400)")
     parser.add_argument("--batch-size", type=int, default=32, help="documents per batch for both (a) and (b)")
-    parser.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16")
+    parser.add_argument("--dtype", default=None, help="auto | float32 | bfloat16 (default: the pipeline's own; auto for --model)")
+    parser.add_argument("--quantize", default=None, help="none | int8 (default: the pipeline's own); the raw copy is quantised alike")
     parser.add_argument("--unmask", default="all")
     parser.add_argument("--lora-dropout", type=float, default=0.1, help="LoRA dropout while training (about 13%% of a CPU step at 0.1)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
@@ -33,6 +34,32 @@ def add_arguments(parser) -> None:
     parser.add_argument("--train-batch", type=int, default=24, help="documents per training step")
     parser.add_argument("--profile", type=int, default=0, help="print the N costliest torch ops of two training steps")
     parser.add_argument("--output", type=Path, help="write the figures as JSON here")
+
+
+# The CPU features that decide which kernels run (bfloat16, int8 dot products, tiles).
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")
+
+
+def cpu_flags() -> list:
+    """The CPU_FLAGS this machine's CPU has (from /proc/cpuinfo; empty elsewhere)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    line = next((l for l in text.splitlines() if l.startswith("flags")), "")
+    have = set(line.split(":", 1)[-1].split())
+    return [flag for flag in CPU_FLAGS if flag in have]
+
+
+def cpu_kind(flags) -> str:
+    """A short name for the CPU class: amx, avx512bf16, avx512, avx2 or other."""
+    if "amx_tile" in flags:
+        return "amx"
+    if "avx512_bf16" in flags:
+        return "avx512bf16"
+    if "avx512f" in flags:
+        return "avx512"
+    return "avx2" if "avx2" in flags else "other"
 
 
 def peak_rss_mb() -> float:
@@ -67,21 +94,22 @@ def run(args) -> int:
     from spacy.tokens import DocBin
     from spacy.training import Example
 
-    from .backbone import resolve_dtypes
-    from .layers.decoder_tok2vec import get_backbone
+    from .layers.decoder_tok2vec import get_backbone, load_with
     from .loading import load_config, load_decoder
+    from .quantize import quantize_linears
 
     if args.gpu_id >= 0:
         spacy.require_gpu(args.gpu_id)
     if args.threads:
         torch.set_num_threads(args.threads)
+    overrides = {k: v for k, v in (("dtype", args.dtype), ("quantize", args.quantize)) if v is not None}
     if args.pipeline:
-        nlp = spacy.load(args.pipeline)
+        nlp = load_with(args.pipeline, **overrides)
         ner = next(name for name, pipe in nlp.pipeline if hasattr(pipe, "model") and name != "sentencizer")
     else:
         nlp = spacy.blank("en")
         ner = "ner"
-        tok2vec = {"name": args.model, "unmask": args.unmask, "dtype": args.dtype, "lora_dropout": args.lora_dropout}
+        tok2vec = {"name": args.model, "unmask": args.unmask, "lora_dropout": args.lora_dropout, **overrides}
         nlp.add_pipe("unmask_ner", name=ner, config={"model": {"tok2vec": tok2vec}})
     gold = [d for d in DocBin().from_disk(args.data).get_docs(nlp.vocab) if len(d)][: args.n_docs]
     texts = [d.text for d in gold]
@@ -93,7 +121,10 @@ def run(args) -> int:
     backbone.merge_for_inference = True  # as in a pipeline loaded with spacy.load
     settings = backbone.settings
     unmask = settings.unmask
-    weights_dtype, compute_dtype = resolve_dtypes(settings.dtype, "frozen")
+    # The raw copy runs as the pipeline does: under autocast to the backbone's compute
+    # dtype (None: float32), with its weights (never trained) stored in that dtype.
+    compute_dtype = backbone.compute_dtype
+    weights_dtype = compute_dtype or torch.float32
     device = backbone.device
     pieces = sum(len(ids) for ids in backbone.tokenizer(texts, add_special_tokens=False)["input_ids"])
     non_embedding = sum(
@@ -103,6 +134,7 @@ def run(args) -> int:
         "model": settings.name,
         "pipeline": str(args.pipeline) if args.pipeline else None,
         "dtype": str(compute_dtype or torch.float32).replace("torch.", ""),
+        "quantize": settings.quantize,
         "unmask": unmask,
         "lookahead": settings.lookahead,
         "device": str(device),
@@ -112,6 +144,7 @@ def run(args) -> int:
         "batch_size": args.batch_size,
         "torch_threads": torch.get_num_threads(),
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+        "cpu_flags": cpu_flags(),
         "torch": torch.__version__,
     }
     results["matmul_gflops"] = matmul_rate(compute_dtype or torch.float32, device)
@@ -137,6 +170,8 @@ def run(args) -> int:
     config = load_config(settings.name, num_layers=settings.num_layers)
     base, tokenizer = load_decoder(settings.name, config, dtype=weights_dtype)
     base = base.to(device).eval()
+    if settings.quantize == "int8":
+        quantize_linears(base)
     tokenizer.padding_side = "right"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -162,7 +197,9 @@ def run(args) -> int:
         results[f"pipeline_over_{name}"] = round(results["pipeline_words_per_s"] / results[f"{name}_words_per_s"], 3)
     del base
 
-    if args.train_steps:
+    if args.train_steps and settings.quantize != "none":
+        results["training"] = f"not timed: quantize = {settings.quantize!r} is for prediction only"
+    elif args.train_steps:
         results.update(time_training(nlp, backbone, examples, args, unmask))
         results["peak_rss_mb_training"] = round(peak_rss_mb())
 
