@@ -6,7 +6,7 @@ PYTHON ?= python3
 TORCH_SPEC ?= torch==2.13.0
 VENV := .venv
 VENV_T4 := .venv-t4
-BACKBONE_TESTS := tests/test_masks.py tests/test_backbone.py tests/test_weights_on_disk.py tests/test_gemma3.py \
+BACKBONE_TESTS := tests/test_masks.py tests/test_backbone.py tests/test_loading.py tests/test_families.py tests/test_weights_on_disk.py tests/test_gemma3.py \
 	tests/test_download.py tests/test_gguf_tokenizer.py tests/test_fused.py
 
 .PHONY: demo test test-t4 venv venv-t4

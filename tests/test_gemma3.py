@@ -14,7 +14,6 @@ import torch
 import transformers
 
 from spacy_unmask.loading import load_decoder
-from test_download import registry_model
 from test_gguf_tokenizer import PARAGRAPH
 
 MODEL = "gemma3-270m"
@@ -22,7 +21,7 @@ pytestmark = pytest.mark.slow  # real models; still part of the default run
 
 
 @pytest.fixture(scope="module")
-def model_path() -> Path:
+def model_path(registry_model) -> Path:
     return registry_model(MODEL)
 
 
@@ -56,7 +55,7 @@ def perplexity(path: Path, text: str) -> float:
     return math.exp(loss.item())
 
 
-def test_perplexity_is_in_smollm2_range(model_path):
+def test_perplexity_is_in_smollm2_range(model_path, registry_model):
     """Measured on PARAGRAPH (float32, CPU), the same to 4 decimals under transformers 4.53.2
     and 5.24.0: Gemma 3 270M 9.3505, SmolLM2-135M 10.4733 (11.8954 when SmolLM2 was converted
     under 4.53, whose GGUF tokenizer adds a <|im_start|> BOS). Gemma with the tokenizer 4.53

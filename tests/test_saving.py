@@ -288,3 +288,124 @@ def test_config_asking_for_remote_code_needs_the_callers_opt_in(model_dir, tmp_p
     monkeypatch.setenv(TRUST_REMOTE_CODE_ENV, "1")  # the caller's own, explicit choice
     nlp = spacy.load(path)
     assert nlp("Peter Blackburn visited Brussels .") is not None
+
+
+# --- saved pipelines that users break (from the robustness suite, issue #6) -----------
+
+import pickle  # noqa: E402 (this section was appended whole)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from tiny_models import TRAIN, check_doc, make_pipeline, mixed_texts, train_pipeline, vectors  # noqa: E402
+from tiny_models import ents as ents_of  # noqa: E402
+
+
+def broken_copy(saved, tmp_path, mutate):
+    target = tmp_path / "broken"
+    shutil.copytree(saved, target)
+    mutate(target / "ner" / "model")
+    return target
+
+
+def test_pipeline_pickles(tiny_pipelines):
+    nlp = tiny_pipelines["bytelevel"]
+    copy = pickle.loads(pickle.dumps(nlp))
+    assert ents_of(copy(TRAIN[0][0])) == ents_of(nlp(TRAIN[0][0]))
+
+
+def test_saved_pipeline_loads_without_base_model(normalizer_dirs, tmp_path):
+    """spacy.load needs neither the model directory nor a hub: all is in the pipeline."""
+    model_copy = tmp_path / "model"
+    shutil.copytree(normalizer_dirs["bytelevel"], model_copy)
+    nlp = make_pipeline(str(model_copy), lora_r=4)
+    train_pipeline(nlp, 3)
+    nlp.to_disk(tmp_path / "pipeline")
+    shutil.rmtree(model_copy)
+    loaded = spacy.load(tmp_path / "pipeline")
+    texts = mixed_texts()
+    assert [ents_of(d) for d in loaded.pipe(texts)] == [ents_of(d) for d in nlp.pipe(texts)]
+    docs = [nlp.make_doc(t) for t in texts]
+    for a, b in zip(vectors(loaded, docs), vectors(nlp, docs)):
+        # Loaded pipelines fold LoRA into the base weights: same vectors up to rounding.
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_truncated_model_file_fails(saved, tmp_path):
+    path = broken_copy(saved, tmp_path, lambda p: p.write_bytes(p.read_bytes()[: p.stat().st_size // 2]))
+    with pytest.raises((ValueError, OSError)):
+        spacy.load(path)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "header"])
+def test_damaged_model_file_message_names_the_problem(saved, tmp_path, damage):
+    def mutate(p):
+        data = p.read_bytes()
+        p.write_bytes(data[: len(data) // 2] if damage == "truncate" else b"\0" * 16 + data[16:])
+
+    path = broken_copy(saved, tmp_path, mutate)
+    with pytest.raises((ValueError, OSError)) as info:
+        spacy.load(path)
+    message = str(info.value)
+    assert "ner" in message or "model" in message, message
+    assert any(word in message for word in ("truncated", "corrupt", "damaged", "unreadable")), message
+
+
+def test_deleted_model_file_fails(saved, tmp_path):
+    path = broken_copy(saved, tmp_path, lambda p: p.unlink())
+    with pytest.raises(OSError) as info:
+        spacy.load(path)
+    assert str(Path("ner") / "model") in str(info.value)
+
+
+def test_corrupted_weights_are_detected(saved, tmp_path):
+    weights = read_backbone(saved / "ner" / "model")["weights"]
+
+    def mutate(p):
+        data = bytearray(p.read_bytes())
+        at = bytes(data).find(weights[:256]) + len(weights) // 2
+        data[at : at + 64] = b"\xff" * 64
+        p.write_bytes(bytes(data))
+
+    path = broken_copy(saved, tmp_path, mutate)
+    try:
+        nlp = spacy.load(path)
+    except (ValueError, OSError):
+        return
+    vecs = vectors(nlp, [nlp.make_doc(TRAIN[0][0])])[0]
+    pytest.fail(f"corrupted weights loaded silently; vectors finite: {bool(np.isfinite(vecs).all())}")
+
+
+def test_saved_backbone_has_no_pickle(saved, monkeypatch):
+    data = (saved / "ner" / "model").read_bytes()
+    for marker in (b"PK\x03\x04", b"data.pkl", b"torch._utils", b"_rebuild_tensor", b"collections\nOrderedDict"):
+        assert marker not in data, marker
+    # Every part of the backbone is msgpack, JSON text or safetensors.
+    backbone = read_backbone(saved / "ner" / "model")
+    assert set(backbone) == {"format", "config", "tokenizer", "weights", "sha256"}
+    config = json.loads(backbone["config"])
+    assert config["model_type"] == "llama"
+    for name, content in backbone["tokenizer"].items():
+        assert name.endswith(".json"), name
+        tokenizer_file = json.loads(content)
+        assert "auto_map" not in tokenizer_file  # no remote tokenizer code
+    from safetensors.torch import load
+
+    assert len(load(backbone["weights"])) > 10
+    # Loading never unpickles anything.
+    def no_pickle(*args, **kwargs):
+        raise AssertionError("spacy.load unpickled something")
+
+    monkeypatch.setattr(pickle, "loads", no_pickle)
+    monkeypatch.setattr(pickle, "load", no_pickle)
+    monkeypatch.setattr(torch, "load", no_pickle)
+    nlp = spacy.load(saved)
+    check_doc(nlp, nlp(TRAIN[0][0]))
+
+
+def test_saved_config_has_no_remote_code(saved):
+    config = spacy.util.load_config(saved / "config.cfg")
+    assert config["components"]["ner"]["model"]["tok2vec"]["trust_remote_code"] is False
+    model = srsly.msgpack_loads((saved / "ner" / "model").read_bytes())
+    settings_ = [srsly.msgpack_loads(a["settings"]) for a in model["attrs"] if "settings" in a]
+    assert settings_ and all(s["trust_remote_code"] is False for s in settings_)

@@ -1,4 +1,5 @@
-"""BackboneSettings: one typed object, validated once, the registered function's signature."""
+"""BackboneSettings: one typed object, validated once, the registered function's signature;
+bad settings in a pipeline are refused when it is built or initialized, naming the setting."""
 import inspect
 
 import pytest
@@ -6,6 +7,7 @@ from thinc.api import Config
 
 from spacy_unmask.layers.decoder_tok2vec import DecoderTok2Vec
 from spacy_unmask.settings import BackboneSettings
+from tiny_models import build_and_initialize
 
 
 def test_the_registered_function_takes_exactly_the_settings_with_their_defaults():
@@ -50,3 +52,40 @@ def test_bad_settings_are_refused_naming_the_setting(setting, value, fragment):
     with pytest.raises(ValueError) as err:
         BackboneSettings(name="x", **{setting: value})
     assert fragment in str(err.value)
+
+
+# --- in a pipeline: refused when built or initialized, naming the setting ----------
+
+
+# (settings, when the error comes, words the message must contain)
+BAD_SETTINGS = {
+    "unmask_grammar": ({"unmask": "every"}, "config", ["unmask", "'every'", "Accepted", "'groups:0011'"]),
+    "unmask_groups": ({"unmask": "groups:012"}, "config", ["unmask", "'groups:012'", "0s and 1s"]),
+    "unmask_range": ({"unmask": "0-50"}, "initialize", ["unmask", "'0-50'", "layers 0-3", "Accepted"]),
+    "pooling": ({"pooling": "max"}, "config", ["pooling", "'max'", "first, last, mean"]),
+    "lora_targets": ({"lora_targets": ["c_attn", "q_proj"]}, "initialize", ["lora_targets", "c_attn", "q_proj", "v_proj"]),
+    "window_below_stride": ({"window": 8, "stride": 16}, "config", ["stride 16", "window (8)"]),
+    "window_too_small": ({"window": 1, "stride": 1}, "config", ["window 1", "at least 2"]),
+    "dtype": ({"dtype": "float64"}, "config", ["dtype", "'float64'", "float32", "bfloat16"]),
+    "finetune": ({"finetune": "qlora"}, "config", ["finetune", "'qlora'", "lora, frozen, full"]),
+    "save_mode": ({"save_mode": "lora"}, "config", ["save_mode", "'lora'", "full, adapter"]),
+    "attn_implementation": ({"attn_implementation": "flash_attention_2"}, "config", ["attn_implementation", "sdpa"]),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_SETTINGS))
+def test_bad_setting_fails_early_and_clearly(normalizer_dirs, monkeypatch, case):
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # never wait for a hub
+    overrides, stage, words = BAD_SETTINGS[case]
+    got_stage, err = build_and_initialize(normalizer_dirs["bytelevel"], overrides)
+    assert got_stage == stage, f"{case}: expected an error at {stage}, got {got_stage}: {err!r}"
+    assert isinstance(err, ValueError), repr(err)
+    for word in words:
+        assert word in str(err), f"{case}: {word!r} not in {str(err)!r}"
+
+
+def test_unmask_grammar_error_does_not_invent_a_layer_count(normalizer_dirs):
+    _, err = build_and_initialize(normalizer_dirs["bytelevel"], {"unmask": "every"})
+    assert "10000" not in str(err), str(err)

