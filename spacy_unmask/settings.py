@@ -97,45 +97,36 @@ class BackboneSettings:
     def __post_init__(self) -> None:
         self.lora_targets = list(self.lora_targets)
         self.unmask_spec  # parses the spec: a grammar error names the spec
-        if not isinstance(self.name, str) or not self.name:
-            raise ValueError(f"name {self.name!r}: give a Hugging Face id, a directory or a .gguf file")
-        _one_of("pooling", self.pooling, POOLING)
-        _one_of("finetune", self.finetune, FINETUNE_MODES)
-        _one_of("save_mode", self.save_mode, SAVE_MODES)
-        _one_of("dtype", self.dtype, DTYPES)
-        _one_of("quantize", self.quantize, QUANTIZE_MODES)
-        if self.attn_implementation not in ATTENTION_IMPLEMENTATIONS:
-            raise ValueError(
-                f"attn_implementation {self.attn_implementation!r} is not supported; accepted: "
-                f"{', '.join(ATTENTION_IMPLEMENTATIONS)} (FlashAttention ignores per-layer masks)"
-            )
+        require("name", self.name, isinstance(self.name, str) and self.name,
+                "a Hugging Face id, a directory or a .gguf file")
+        one_of("pooling", self.pooling, POOLING)
+        one_of("finetune", self.finetune, FINETUNE_MODES)
+        one_of("save_mode", self.save_mode, SAVE_MODES)
+        one_of("dtype", self.dtype, DTYPES)
+        one_of("quantize", self.quantize, QUANTIZE_MODES)
+        require("attn_implementation", self.attn_implementation, self.attn_implementation in ATTENTION_IMPLEMENTATIONS,
+                f"one of {', '.join(ATTENTION_IMPLEMENTATIONS)} (FlashAttention ignores per-layer masks)")
         if self.save_mode == "adapter" and self.finetune == "full":
             raise ValueError("save_mode 'adapter' stores LoRA weights only; with finetune 'full' use save_mode 'full'")
         _integer("lora_r", self.lora_r, 1, "a positive integer")
-        if not (isinstance(self.lora_alpha, (int, float)) and self.lora_alpha > 0):
-            raise ValueError(f"lora_alpha {self.lora_alpha!r}: must be a positive number")
-        if not (isinstance(self.lora_dropout, (int, float)) and 0.0 <= self.lora_dropout < 1.0):
-            raise ValueError(f"lora_dropout {self.lora_dropout!r}: must be in [0, 1)")
-        if not self.lora_targets or not all(isinstance(t, str) and t for t in self.lora_targets):
-            raise ValueError(f"lora_targets {self.lora_targets!r}: give 'attention' or names of linear layers")
+        require("lora_alpha", self.lora_alpha, is_number(self.lora_alpha) and self.lora_alpha > 0, "a positive number")
+        require("lora_dropout", self.lora_dropout, is_number(self.lora_dropout) and 0.0 <= self.lora_dropout < 1.0,
+                "in [0, 1)")
+        require("lora_targets", self.lora_targets, self.lora_targets and all(isinstance(t, str) and t for t in self.lora_targets),
+                "'attention', 'mlp' or names of linear layers")
         _integer("num_layers", self.num_layers, -math.inf,
                  "an integer: 0 (all layers), N (the first N) or -N (all but the last N)")
         _integer("lookahead", self.lookahead, 0, "0 (no cap) or a positive number of pieces")
         _integer("window", self.window, 2, "an integer of at least 2 pieces")
         _integer("repeat", self.repeat, 0, "0 (read each window once) or the number of extra copies")
-        if self.window // (self.repeat + 1) < 2:
-            raise ValueError(
-                f"repeat {self.repeat}: window {self.window} leaves fewer than 2 pieces of text per "
-                f"copy; use a window of at least {2 * (self.repeat + 1)} pieces or a smaller repeat"
-            )
+        require("repeat", self.repeat, self.window // (self.repeat + 1) >= 2,
+                f"small enough to leave 2 pieces of text per copy in the window of {self.window} pieces "
+                f"(a window of at least {2 * (self.repeat + 1)} pieces, or a smaller repeat)")
         _integer("sentence_context", self.sentence_context, 0, "0 or a positive number of pieces")
-        if not isinstance(self.sentence_windows, bool):
-            raise ValueError(f"sentence_windows {self.sentence_windows!r}: must be true or false")
-        if not (_is_int(self.stride) and 1 <= self.stride <= self.window):
-            raise ValueError(
-                f"stride {self.stride!r}: must be between 1 and the window ({self.window}), "
-                "so that consecutive windows overlap or touch and no piece is skipped"
-            )
+        require("sentence_windows", self.sentence_windows, isinstance(self.sentence_windows, bool), "true or false")
+        require("stride", self.stride, is_int(self.stride) and 1 <= self.stride <= self.window,
+                f"between 1 and the window ({self.window}), so that consecutive windows overlap or touch "
+                "and no piece is skipped")
         _integer("max_batch_pieces", self.max_batch_pieces, 1, "a positive integer")
 
     @property
@@ -146,18 +137,32 @@ class BackboneSettings:
         return asdict(self)
 
 
-def _is_int(value) -> bool:
+def is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _integer(setting: str, value, minimum: int, accepted: str) -> None:
-    if not (_is_int(value) and value >= minimum):
-        raise ValueError(f"{setting} {value!r}: must be {accepted}")
+def is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
 
 
-def _one_of(setting: str, value, accepted) -> None:
+# The one way a setting is checked, here and in the components: the error names the
+# setting, the value and what is accepted ("[ner] " in front, for a component's own).
+def require(setting: str, value, ok, accepted: str, where: str = ""):
+    """`value`, if `ok`; else a ValueError: "<where><setting> <value>: must be <accepted>"."""
+    if not ok:
+        raise ValueError(f"{where}{setting} {value!r}: must be {accepted}")
+    return value
+
+
+def one_of(setting: str, value, accepted, where: str = ""):
+    """`value`, if it is one of `accepted`; else a ValueError listing them."""
     if value not in accepted:
-        raise ValueError(f"{setting} {value!r} is not supported; accepted: {', '.join(accepted)}")
+        raise ValueError(f"{where}{setting} {value!r} is not supported; accepted: {', '.join(accepted)}")
+    return value
+
+
+def _integer(setting: str, value, minimum: int, accepted: str) -> None:
+    require(setting, value, is_int(value) and value >= minimum, accepted)
 
 
 def settings_signature(return_annotation) -> inspect.Signature:

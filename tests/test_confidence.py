@@ -164,7 +164,7 @@ def test_empty_one_token_and_hostile_texts_get_a_group(nlp):
     ("spans_key", "", "a non-empty string"),
 ])
 def test_bad_settings_are_refused_by_name(setting, value, accepted):
-    with pytest.raises(ValueError, match=rf"\[unmask_ner\] {setting} = .* is not accepted; expected {accepted}"):
+    with pytest.raises(ValueError, match=rf"\[unmask_ner\] {setting} .*: must be {accepted}"):
         spacy.blank("en").add_pipe("unmask_ner", config={setting: value})
 
 

@@ -25,6 +25,7 @@ from thinc.api import Model, SequenceCategoricalCrossentropy, chain, set_dropout
 from thinc.types import Floats2d
 
 from ..saving import UnsafePipelineError
+from ..settings import is_number, one_of, require
 from .crf import crf_loss
 from .marginals import SpanLattice, Spans
 from .viterbi import tag_names, viterbi
@@ -48,8 +49,7 @@ def TokenClassifier(tok2vec: Model[List[Doc], List[Floats2d]], dropout: float = 
     """Dropout and a softmax layer over tags, on top of any tok2vec."""
     from thinc.api import Dropout, Softmax_v2
 
-    if not 0.0 <= dropout < 1.0:
-        raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+    require("dropout", dropout, is_number(dropout) and 0.0 <= dropout < 1.0, "in [0, 1)")
     head = with_array(chain(Dropout(dropout), Softmax_v2(nO=nO, normalize_outputs=False)))
     model = chain(tok2vec, head)
     model.set_ref("tok2vec", tok2vec)
@@ -139,20 +139,19 @@ class UnmaskNER(TrainablePipe):
         # Only what training learns goes into cfg (saved, and restored over the config by
         # from_disk); the settings below stay in the config, so a load-time override wins.
         self.cfg: Dict = {"labels": [], "scheme": scheme}
-        self.spans_key = _check_setting(name, "spans_key", spans_key, isinstance(spans_key, str) and spans_key,
-                                        "a non-empty string")
-        self.threshold = _check_setting(name, "threshold", threshold, _is_number(threshold) and 0.0 <= threshold <= 1.0,
-                                        "a number from 0 to 1")
-        self.candidates_min_score = _check_setting(
-            name, "candidates_min_score", candidates_min_score,
-            candidates_min_score is None or (_is_number(candidates_min_score) and 0.0 < candidates_min_score <= 1.0),
-            "null (off) or a number above 0, at most 1",
+        where = f"[{name}] "
+        self.spans_key = require("spans_key", spans_key, isinstance(spans_key, str) and spans_key,
+                                 "a non-empty string", where)
+        self.threshold = require("threshold", threshold, is_number(threshold) and 0.0 <= threshold <= 1.0,
+                                 "a number from 0 to 1", where)
+        self.candidates_min_score = require(
+            "candidates_min_score", candidates_min_score,
+            candidates_min_score is None or (is_number(candidates_min_score) and 0.0 < candidates_min_score <= 1.0),
+            "null (off) or a number above 0, at most 1", where,
         )
-        self.temperature = _check_setting(
-            name, "temperature", temperature, _is_number(temperature) and 0.0 < temperature < math.inf,
-            "a positive finite number",
-        )
-        self.loss = _check_setting(name, "loss", loss, loss in LOSSES, f"one of {', '.join(LOSSES)}")
+        self.temperature = require("temperature", temperature, is_number(temperature) and 0.0 < temperature < math.inf,
+                                   "a positive finite number", where)
+        self.loss = one_of("loss", loss, LOSSES, where)
         self._span_lattice: Optional[SpanLattice] = None
 
     @property
@@ -303,16 +302,6 @@ def _check_finite(pipe: "UnmaskNER") -> None:
                     f"[{pipe.name}] refusing to save non-finite weights ({node.name}.{param}): training "
                     "diverged (the loss became NaN or infinite); lower the learning rate"
                 )
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
-
-
-def _check_setting(component: str, setting: str, value, ok, accepted: str):
-    if not ok:
-        raise ValueError(f"[{component}] {setting} = {value!r} is not accepted; expected {accepted}")
-    return value
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:

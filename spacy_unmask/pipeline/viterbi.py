@@ -3,12 +3,13 @@ from typing import List, Sequence, Tuple
 
 import numpy as np
 
+from ..settings import one_of
+
 SCHEMES = ("BILUO", "BIO")
 
 
 def tag_names(labels: Sequence[str], scheme: str) -> List[str]:
-    if scheme not in SCHEMES:
-        raise ValueError(f"scheme {scheme!r} is not supported; accepted: {', '.join(SCHEMES)}")
+    one_of("scheme", scheme, SCHEMES)
     prefixes = "BILU" if scheme == "BILUO" else "BI"
     return ["O"] + [f"{p}-{label}" for label in labels for p in prefixes]
 
