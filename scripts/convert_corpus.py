@@ -40,7 +40,7 @@ import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional
 
 SEPARATORS = {"tab": "\t", "space": " ", "whitespace": None}
 _TAG = re.compile(r"^(O|[BI]-.+)$")

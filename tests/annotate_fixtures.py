@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 import spacy
-from spacy.training import Example
 from spacy.util import fix_random_seed
-from thinc.api import Adam
 
 from spacy_unmask.annotate import read_errors
+import tiny_models
 from tiny_models import save_tiny_model
 
 TRAIN = [
@@ -54,17 +53,8 @@ _BUILT = {}
 def train_pipeline(root: Path, steps: int = 30, seed: int = 0) -> str:
     fix_random_seed(seed)
     model = save_tiny_model(root / "model", "llama", "bytelevel", seed=seed)
-    nlp = spacy.blank("en")
-    tok2vec = {"name": model, "unmask": "all", "dtype": "float32", "lora_r": 4, "lora_alpha": 4}
-    nlp.add_pipe("unmask_ner", name="ner", config={"model": {"tok2vec": tok2vec}})
-    egs = []
-    for text, ents in TRAIN:
-        spans = [(text.index(s), text.index(s) + len(s), label) for s, label in ents]
-        egs.append(Example.from_dict(nlp.make_doc(text), {"entities": spans}))
-    nlp.initialize(lambda: egs)
-    optimizer = Adam(0.02)
-    for _ in range(steps):
-        nlp.update(egs, sgd=optimizer)
+    nlp = tiny_models.make_pipeline(model, lora_r=4, lora_alpha=4, window=256, stride=192)
+    tiny_models.train_pipeline(nlp, steps, data=TRAIN)
     path = root / "pipeline"
     nlp.to_disk(path)
     return str(path)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import spacy
 from spacy.tokens import DocBin
-from spacy.training import Example, biluo_tags_to_spans, iob_to_biluo
+from spacy.training import biluo_tags_to_spans
 
 from spacy_unmask.pipeline.marginals import SpanLattice
 from spacy_unmask.pipeline.unmask_ner import log_softmax

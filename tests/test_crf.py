@@ -5,13 +5,13 @@ import itertools
 import numpy as np
 import pytest
 import spacy
-from spacy.training import Example
 from thinc.api import Adam
 
 from spacy_unmask.pipeline.crf import crf_loss
 from spacy_unmask.pipeline.marginals import SpanLattice
 from spacy_unmask.pipeline.unmask_ner import log_softmax
 from spacy_unmask.pipeline.viterbi import tag_names
+from tiny_models import gold_examples, make_pipeline
 
 
 def brute_force_nll(lattice, logits, gold):
@@ -88,15 +88,8 @@ TRAIN = [
 
 
 def test_training_with_the_crf_loss_learns_the_training_entities(tiny_dirs):
-    nlp = spacy.blank("en")
-    nlp.add_pipe("unmask_ner", name="ner", config={
-        "loss": "crf",
-        "model": {"tok2vec": {"name": tiny_dirs("llama", "metaspace"), "dtype": "float32", "lora_r": 4, "lora_dropout": 0.0}},
-    })
-    egs = []
-    for text, ents in TRAIN:
-        spans = [(text.index(s), text.index(s) + len(s), label) for s, label in ents]
-        egs.append(Example.from_dict(nlp.make_doc(text), {"entities": spans}))
+    nlp = make_pipeline(tiny_dirs("llama", "metaspace"), {"loss": "crf"}, lora_r=4, lora_dropout=0.0)
+    egs = gold_examples(nlp, TRAIN)
     nlp.initialize(lambda: egs)
     optimizer = Adam(0.005)
     losses = [nlp.update(egs, sgd=optimizer, losses={})["ner"] for _ in range(60)]

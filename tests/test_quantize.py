@@ -10,6 +10,7 @@ from thinc.api import Adam
 from spacy_unmask import get_backbone
 from spacy_unmask.quantize import Int8Linear
 from test_saving import read_backbone
+from tiny_models import make_pipeline, train_pipeline
 
 TRAIN = [
     ("Peter Blackburn visited Brussels .", [("Peter Blackburn", "PER"), ("Brussels", "LOC")]),
@@ -22,18 +23,9 @@ QUANTIZE = {"components": {"ner": {"model": {"tok2vec": {"quantize": "int8"}}}}}
 
 @pytest.fixture(scope="module")
 def saved(tiny_dirs, tmp_path_factory):
-    nlp = spacy.blank("en")
-    nlp.add_pipe("unmask_ner", name="ner", config={"model": {"tok2vec": {
-        "name": tiny_dirs("gemma3_text", "metaspace"), "dtype": "float32", "lora_r": 4, "lora_dropout": 0.0,
-        "lora_targets": ["attention", "mlp"]}}})
-    egs = []
-    for text, ents in TRAIN:
-        spans = [(text.index(s), text.index(s) + len(s), label) for s, label in ents]
-        egs.append(Example.from_dict(nlp.make_doc(text), {"entities": spans}))
-    nlp.initialize(lambda: egs)
-    optimizer = Adam(0.005)
-    for _ in range(60):
-        nlp.update(egs, sgd=optimizer)
+    nlp = make_pipeline(tiny_dirs("gemma3_text", "metaspace"), lora_r=4, lora_dropout=0.0,
+                        lora_targets=["attention", "mlp"])
+    train_pipeline(nlp, 60, learn_rate=0.005, data=TRAIN)
     path = tmp_path_factory.mktemp("quantize") / "pipeline"
     nlp.to_disk(path)
     return path

@@ -16,10 +16,8 @@ from pathlib import Path
 import pytest
 import spacy
 import srsly
-from spacy.training import Example
-from thinc.api import Adam
-
 from spacy_unmask.saving import TRUST_REMOTE_CODE_ENV, UnsafePipelineError
+from tiny_models import make_pipeline, train_pipeline
 
 TEXTS = [
     ("Peter Blackburn visited the European Commission in Brussels .", [("Peter Blackburn", "PER"), ("Brussels", "LOC")]),
@@ -28,18 +26,8 @@ TEXTS = [
 
 
 def trained_pipeline(model_dir: str, **tok2vec):
-    config = {"name": model_dir, "unmask": "all", "dtype": "float32", "lora_r": 4, "window": 16, "stride": 8}
-    config.update(tok2vec)
-    nlp = spacy.blank("en")
-    nlp.add_pipe("unmask_ner", name="ner", config={"model": {"tok2vec": config}})
-    egs = []
-    for text, ents in TEXTS:
-        spans = [(text.index(s), text.index(s) + len(s), label) for s, label in ents]
-        egs.append(Example.from_dict(nlp.make_doc(text), {"entities": spans}))
-    nlp.initialize(lambda: egs)
-    optimizer = Adam(0.01)
-    for _ in range(3):  # LoRA weights move off their initial zeros
-        nlp.update(egs, sgd=optimizer)
+    nlp = make_pipeline(model_dir, **{"lora_r": 4, **tok2vec})
+    train_pipeline(nlp, 3, learn_rate=0.01, data=TEXTS)  # LoRA weights move off their initial zeros
     return nlp
 
 

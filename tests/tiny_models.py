@@ -185,11 +185,12 @@ def gold_examples(nlp, data=TRAIN):
     return out
 
 
-def make_pipeline(model_dir: str, **tok2vec):
+def make_pipeline(model_dir: str, component=None, **tok2vec):
+    """A blank pipeline with an `unmask_ner` named "ner" (`component`: its own settings)."""
     config = {"name": model_dir, "unmask": "all", "dtype": "float32", "window": WINDOW, "stride": STRIDE}
     config.update(tok2vec)
     nlp = spacy.blank("en")
-    nlp.add_pipe("unmask_ner", name="ner", config={"model": {"tok2vec": config}})
+    nlp.add_pipe("unmask_ner", name="ner", config={**(component or {}), "model": {"tok2vec": config}})
     return nlp
 
 
