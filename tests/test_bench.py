@@ -26,22 +26,27 @@ def test_bench_reports_raw_pipeline_training_and_memory(tmp_path, tiny_dirs, cap
     assert "aten::" in capsys.readouterr().out  # the --profile table
 
 
-def test_bench_times_a_saved_pipeline(tmp_path, tiny_dirs):
+def saved_pipeline_and_data(tmp_path, **tok2vec):
+    """A saved (initialised, untrained) pipeline and four docs of gold data: their paths."""
+    from spacy.training import Example
+
     nlp = spacy.blank("en")
-    tok2vec = {"name": tiny_dirs("llama"), "unmask": "2-3", "dtype": "bfloat16"}
     nlp.add_pipe("unmask_ner", name="ner", config={"model": {"tok2vec": tok2vec}})
     doc = nlp.make_doc("Peter Blackburn visited Brussels .")
     doc.ents = [doc.char_span(0, 15, label="PER")]
-    from spacy.training import Example
-
     nlp.initialize(lambda: [Example(nlp.make_doc(doc.text), doc)])
     nlp.to_disk(tmp_path / "pipeline")
     DocBin(docs=[doc] * 4).to_disk(tmp_path / "data.spacy")
+    return str(tmp_path / "pipeline"), str(tmp_path / "data.spacy")
+
+
+def test_bench_times_a_saved_pipeline(tmp_path, tiny_dirs):
+    pipeline, data = saved_pipeline_and_data(tmp_path, name=tiny_dirs("llama"), unmask="2-3", dtype="bfloat16")
     out = tmp_path / "bench.json"
-    assert main(["bench", "--pipeline", str(tmp_path / "pipeline"), "--data", str(tmp_path / "data.spacy"),
+    assert main(["bench", "--pipeline", pipeline, "--data", data,
                  "--batch-size", "2", "--train-steps", "1", "--train-batch", "2", "--output", str(out)]) == 0
     figures = json.loads(out.read_text())
-    assert figures["pipeline"] == str(tmp_path / "pipeline") and figures["unmask"] == "2-3"
+    assert figures["pipeline"] == pipeline and figures["unmask"] == "2-3"
     assert figures["dtype"] == "bfloat16"  # the saved pipeline's own, for the raw pass too
     assert figures["train_words_per_s_2-3"] > 0 and figures["train_words_per_s_none"] > 0
 
@@ -49,17 +54,9 @@ def test_bench_times_a_saved_pipeline(tmp_path, tiny_dirs):
 def test_bench_quantize_int8_times_the_int8_pipeline_and_records_the_cpu(tmp_path, tiny_dirs):
     from spacy_unmask.bench import CPU_FLAGS
 
-    nlp = spacy.blank("en")
-    nlp.add_pipe("unmask_ner", name="ner", config={"model": {"tok2vec": {"name": tiny_dirs("llama"), "dtype": "float32"}}})
-    doc = nlp.make_doc("Peter Blackburn visited Brussels .")
-    doc.ents = [doc.char_span(0, 15, label="PER")]
-    from spacy.training import Example
-
-    nlp.initialize(lambda: [Example(nlp.make_doc(doc.text), doc)])
-    nlp.to_disk(tmp_path / "pipeline")
-    DocBin(docs=[doc] * 4).to_disk(tmp_path / "data.spacy")
+    pipeline, data = saved_pipeline_and_data(tmp_path, name=tiny_dirs("llama"), dtype="float32")
     out = tmp_path / "bench.json"
-    assert main(["bench", "--pipeline", str(tmp_path / "pipeline"), "--data", str(tmp_path / "data.spacy"),
+    assert main(["bench", "--pipeline", pipeline, "--data", data,
                  "--batch-size", "2", "--quantize", "int8", "--output", str(out)]) == 0
     figures = json.loads(out.read_text())
     assert figures["quantize"] == "int8" and figures["pipeline_over_raw_sorted"] > 0
