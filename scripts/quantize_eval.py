@@ -53,11 +53,11 @@ def accuracy(nlp, path: Path) -> dict:
             "ece": round(calibration(scores, np.asarray(correct, dtype=float), 15)["ece"], 4)}
 
 
-def words_per_s(pipelines: dict, path: Path, rounds: int, batch_size: int) -> dict:
+def words_per_s(pipelines: dict, path: Path, rounds: int, batch_size: int, limit: int) -> dict:
     from spacy.tokens import DocBin
 
     some = next(iter(pipelines.values()))
-    texts = [d.text for d in DocBin().from_disk(path).get_docs(some.vocab)]
+    texts = [d.text for d in DocBin().from_disk(path).get_docs(some.vocab)][: limit or None]
     words = sum(len(some.make_doc(t)) for t in texts)
 
     def once(nlp) -> float:
@@ -72,7 +72,8 @@ def words_per_s(pipelines: dict, path: Path, rounds: int, batch_size: int) -> di
     for _ in range(rounds):
         for mode, nlp in pipelines.items():
             seen[mode].append(once(nlp))
-    return {mode: round(statistics.median(values), 1) for mode, values in seen.items()}
+    speed = {mode: round(statistics.median(values), 1) for mode, values in seen.items()}
+    return {**speed, "docs": len(texts), "words": words, "rounds": rounds, "batch_size": batch_size}
 
 
 def main(argv=None) -> int:
@@ -88,15 +89,24 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds per mode (0: accuracy only)")
     parser.add_argument("--no-accuracy", action="store_true", help="time only")
     parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--speed-docs", type=int, default=0, help="time the first N docs of each file (0: all)")
+    parser.add_argument("--dtype", default=None, help="the dtype of every mode but bfloat16 (e.g. float32 where "
+                        "the CPU has bfloat16 but one without it is emulated)")
     parser.add_argument("--output", type=Path, help="default metrics/bench/quantize-<cpu kind>.json")
+    parser.add_argument("--kind", help="the CPU kind to file the results under (default: this CPU's; say "
+                        "e.g. avx2-emulated when ATEN_CPU_CAPABILITY / ONEDNN_MAX_CPU_ISA restrict the kernels)")
     args = parser.parse_args(argv)
 
     flags = cpu_flags()
-    output = args.output or Path("metrics/bench") / f"quantize-{cpu_kind(flags)}.json"
+    kind = args.kind or cpu_kind(flags)
+    output = args.output or Path("metrics/bench") / f"quantize-{kind}.json"
     results = json.loads(output.read_text()) if output.exists() else {}
-    results.update({"cpu_flags": flags, "cpu_kind": cpu_kind(flags)})
+    results.update({"cpu_flags": flags, "cpu_kind": kind})
     modes = [m for m in args.modes if m != "bfloat16" or bf16_supported()]
-    pipelines = {mode: load_with(args.pipeline, **MODES[mode]) for mode in modes}
+    settings = {mode: {**MODES[mode], **({"dtype": args.dtype} if args.dtype and mode != "bfloat16" else {})}
+                for mode in modes}
+    pipelines = {mode: load_with(args.pipeline, **settings[mode]) for mode in modes}
+    results.setdefault("modes", {}).update(settings)
     for path in args.data:
         split = split_name(path)
         if not args.no_accuracy:
@@ -106,7 +116,7 @@ def main(argv=None) -> int:
                 for key in ("f1", "ece"):
                     results.setdefault(key, {}).setdefault(args.corpus, {}).setdefault(split, {})[mode] = found[key]
         if args.rounds:
-            speed = words_per_s(pipelines, path, args.rounds, args.batch_size)
+            speed = words_per_s(pipelines, path, args.rounds, args.batch_size, args.speed_docs)
             print(f"{args.corpus} {split} words/s: {speed}", flush=True)
             results.setdefault("words_per_s", {}).setdefault(f"{args.corpus}/{split}", {}).update(speed)
         results.setdefault("commands", [])
