@@ -46,13 +46,14 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         rows = x.reshape(-1, shape[-1])
+        # (abs().amax() is several times faster than vector_norm(inf) on the CPU; the
+        # rescale stays in float32 so that rounding to int8 is the only rounding.)
         top = rows.abs().amax(dim=1, keepdim=True).float().clamp_(min=1e-12)
         q = (rows * (127.0 / top)).round_().clamp_(-127, 127).to(torch.int8)
         out = torch._int_mm(q, self.weight_t).to(x.dtype)
-        out = out * (top / 127.0).to(x.dtype)
-        out = out * self.weight_scale.to(x.dtype)
+        out.mul_((top / 127.0).to(x.dtype)).mul_(self.weight_scale.to(x.dtype))
         if self.bias is not None:
-            out = out + self.bias.to(x.dtype)
+            out.add_(self.bias.to(x.dtype))
         return out.reshape(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
