@@ -9,7 +9,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "spacy_unmask"
 # Lowest first. A module may import only modules on earlier lines.
 LAYERS = [
-    ["masks", "families", "dropout", "fused", "gguf_tokenizer", "windows"],
+    ["masks", "families", "dropout", "fused", "gguf_tokenizer", "windows", "readers"],
     ["pooling", "settings", "download"],
     ["loading", "lora", "quantize"],
     ["backbone"],
