@@ -173,7 +173,7 @@ class Backbone(nn.Module):
         return pool_pieces(torch.cat(tables), batch, self.settings.pooling)
 
     def predict(self, batch: PieceBatch) -> List[torch.Tensor]:
-        quantized = self.settings.quantize == "int8"
+        quantized = self.predicts_in_int8
         self.set_merged(self.merge_for_inference and not quantized)
         self.set_quantized(quantized)
         if self.training or self.model.training:
@@ -237,13 +237,20 @@ class Backbone(nn.Module):
 
     def prepare_training(self) -> None:
         """Before a training step: the stored weights in place (not merged, not int8)."""
-        if self.settings.quantize != "none":
+        if self.settings.quantize == "int8":
             raise ValueError(
                 f"quantize = {self.settings.quantize!r} is for prediction only: train with quantize = "
                 "\"none\" (the default) and set it when loading the trained pipeline, e.g. spacy.load(path, "
                 "config={\"components\": {\"ner\": {\"model\": {\"tok2vec\": {\"quantize\": \"int8\"}}}}})"
             )
         self.set_merged(False)
+
+    @property
+    def predicts_in_int8(self) -> bool:
+        """quantize "int8", or "auto" where dtype "auto" found no bfloat16 on a CPU."""
+        quantize = self.settings.quantize
+        no_bfloat16 = self.settings.dtype == "auto" and self.compute_dtype is None and self.device.type == "cpu"
+        return quantize == "int8" or (quantize == "auto" and no_bfloat16)
 
     @property
     def quantized(self) -> bool:

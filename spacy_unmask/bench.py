@@ -26,7 +26,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--n-docs", type=int, default=400, help="documents to time (default 400)")
     parser.add_argument("--batch-size", type=int, default=32, help="documents per batch for both (a) and (b)")
     parser.add_argument("--dtype", default=None, help="auto | float32 | bfloat16 (default: the pipeline's own; auto for --model)")
-    parser.add_argument("--quantize", default=None, help="none | int8 (default: the pipeline's own); the raw copy is quantised alike")
+    parser.add_argument("--quantize", default=None, help="auto | none | int8 (default: the pipeline's own); the raw copy is quantised alike")
     parser.add_argument("--unmask", default="all")
     parser.add_argument("--lora-dropout", type=float, default=0.1, help="LoRA dropout while training (about 13%% of a CPU step at 0.1)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
@@ -135,6 +135,7 @@ def run(args) -> int:
         "pipeline": str(args.pipeline) if args.pipeline else None,
         "dtype": str(compute_dtype or torch.float32).replace("torch.", ""),
         "quantize": settings.quantize,
+        "predicts_in_int8": backbone.predicts_in_int8,
         "unmask": unmask,
         "lookahead": settings.lookahead,
         "device": str(device),
@@ -170,7 +171,7 @@ def run(args) -> int:
     config = load_config(settings.name, num_layers=settings.num_layers)
     base, tokenizer = load_decoder(settings.name, config, dtype=weights_dtype)
     base = base.to(device).eval()
-    if settings.quantize == "int8":
+    if backbone.predicts_in_int8:
         quantize_linears(base)
     tokenizer.padding_side = "right"
     if tokenizer.pad_token is None:
@@ -197,7 +198,7 @@ def run(args) -> int:
         results[f"pipeline_over_{name}"] = round(results["pipeline_words_per_s"] / results[f"{name}_words_per_s"], 3)
     del base
 
-    if args.train_steps and settings.quantize != "none":
+    if args.train_steps and settings.quantize == "int8":
         results["training"] = f"not timed: quantize = {settings.quantize!r} is for prediction only"
     elif args.train_steps:
         results.update(time_training(nlp, backbone, examples, args, unmask))

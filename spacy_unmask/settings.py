@@ -20,7 +20,7 @@ FINETUNE_MODES = ("lora", "frozen", "full")
 SAVE_MODES = ("full", "adapter")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_IMPLEMENTATIONS = ("auto", "sdpa", "eager")
-QUANTIZE_MODES = ("none", "int8")
+QUANTIZE_MODES = ("auto", "none", "int8")
 
 
 @dataclass
@@ -75,10 +75,12 @@ class BackboneSettings:
     where it is furthest from an edge."""
     max_batch_pieces: int = 4096
     """Pieces per forward pass, padding included (bounds memory)."""
-    quantize: str = "none"
-    """"none" or "int8": at prediction, the decoder blocks' linear layers (LoRA folded in)
-    run as int8 x int8 matrix multiplies, activations quantised per piece (`quantize.py`;
-    CPU only, inference only: training with it set is refused). Saved weights stay full
+    quantize: str = "auto"
+    """"int8": at prediction, the decoder blocks' linear layers (LoRA folded in) run as int8 x
+    int8 matrix multiplies, activations quantised per piece (`quantize.py`; CPU and
+    prediction only: training with it set is refused); "none": never; "auto": int8 where
+    `dtype = "auto"` found no bfloat16 on the CPU (there int8 predicts about 1.5x faster
+    than float32 at the same F1; BENCHMARKS.md, "int8"), else none. Saved weights stay full
     precision; set it at load time with spacy.load(path, config=...)."""
     dtype: str = "auto"
     """"auto" (bfloat16 where the CPU or GPU supports it), "float32", "bfloat16",

@@ -92,7 +92,7 @@ def test_training_with_int8_is_refused(saved):
 
 def test_unknown_quantize_value_names_the_accepted_ones(tiny_dirs):
     nlp = spacy.blank("en")
-    with pytest.raises(ValueError, match="quantize 'int4' is not supported; accepted: none, int8"):
+    with pytest.raises(ValueError, match="quantize .int4. is not supported; accepted: auto, none, int8"):
         nlp.add_pipe("unmask_ner", config={"model": {"tok2vec": {"name": tiny_dirs("llama"), "quantize": "int4"}}})
 
 
@@ -104,3 +104,21 @@ def test_int8_linear_matches_a_float_linear_closely():
     want = linear(x)
     rel = (got - want).norm(dim=-1) / want.norm(dim=-1)
     assert rel.max() < 0.02  # per-row scales: small rows keep their precision
+
+
+@pytest.mark.parametrize("dtype, has_bfloat16, int8", [
+    ("auto", False, True),  # a CPU without bfloat16: int8 rather than float32
+    ("auto", True, False),  # bfloat16 is there: it is used
+    ("float32", False, False),  # float32 asked for: float32
+])
+def test_quantize_auto_predicts_in_int8_where_dtype_auto_finds_no_bfloat16(saved, monkeypatch, dtype, has_bfloat16, int8):
+    import spacy_unmask.backbone as backbone_module
+
+    monkeypatch.setattr(backbone_module, "bf16_supported", lambda: has_bfloat16)
+    nlp = spacy.load(saved, config={"components": {"ner": {"model": {"tok2vec": {"quantize": "auto", "dtype": dtype}}}}})
+    nlp("Peter Blackburn visited Brussels .")
+    backbone = get_backbone(nlp)
+    assert backbone.predicts_in_int8 == int8
+    assert any(isinstance(m, Int8Linear) for m in backbone.model.modules()) == int8
+    text, _ = TRAIN[0]
+    nlp.update([Example.from_dict(nlp.make_doc(text), {"entities": [(0, 15, "PER")]})], sgd=Adam(0.001))  # trains
