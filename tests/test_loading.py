@@ -11,7 +11,7 @@ import transformers
 from spacy_unmask import download, get_backbone
 from spacy_unmask.layers.decoder_tok2vec import DecoderTok2Vec
 from spacy_unmask.loading import load_config, resolve_source, truncate_config, warn_about_loading
-from tiny_models import build_and_initialize, tiny_config
+from tiny_models import build_and_initialize, check_fails_early_and_clearly, tiny_config
 
 
 def tok2vec(name, **settings):
@@ -86,15 +86,7 @@ BAD_MODEL_NAMES = {
 
 @pytest.mark.parametrize("case", list(BAD_MODEL_NAMES))
 def test_a_model_name_that_leads_nowhere_fails_at_initialize_naming_it(normalizer_dirs, monkeypatch, case):
-    import huggingface_hub.constants
-
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # never wait for a hub
-    overrides, stage, words = BAD_MODEL_NAMES[case]
-    got_stage, err = build_and_initialize(normalizer_dirs["bytelevel"], overrides)
-    assert got_stage == stage, f"{case}: expected an error at {stage}, got {got_stage}: {err!r}"
-    assert isinstance(err, ValueError), repr(err)
-    for word in words:
-        assert word in str(err), f"{case}: {word!r} not in {str(err)!r}"
+    check_fails_early_and_clearly(normalizer_dirs["bytelevel"], monkeypatch, BAD_MODEL_NAMES, case)
 
 
 def test_misspelt_registry_model_lists_registry_models(normalizer_dirs, monkeypatch):

@@ -7,17 +7,21 @@ is refused with a clear error and that nothing was written outside the private
 temporary directory.
 """
 import json
+import pickle
 import shutil
 import struct
 import tempfile
 import uuid
 from pathlib import Path
 
+import numpy as np
 import pytest
 import spacy
 import srsly
+import torch
 from spacy_unmask.saving import TRUST_REMOTE_CODE_ENV, UnsafePipelineError
-from tiny_models import make_pipeline, train_pipeline
+from tiny_models import TRAIN, check_doc, make_pipeline, mixed_texts, train_pipeline, vectors
+from tiny_models import ents as ents_of
 
 TEXTS = [
     ("Peter Blackburn visited the European Commission in Brussels .", [("Peter Blackburn", "PER"), ("Brussels", "LOC")]),
@@ -279,15 +283,6 @@ def test_config_asking_for_remote_code_needs_the_callers_opt_in(model_dir, tmp_p
 
 
 # --- saved pipelines that users break (from the robustness suite, issue #6) -----------
-
-import pickle  # noqa: E402 (this section was appended whole)
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from tiny_models import TRAIN, check_doc, make_pipeline, mixed_texts, train_pipeline, vectors  # noqa: E402
-from tiny_models import ents as ents_of  # noqa: E402
-
 
 def broken_copy(saved, tmp_path, mutate):
     target = tmp_path / "broken"

@@ -7,7 +7,7 @@ from thinc.api import Config
 
 from spacy_unmask.layers.decoder_tok2vec import DecoderTok2Vec
 from spacy_unmask.settings import BackboneSettings
-from tiny_models import build_and_initialize
+from tiny_models import build_and_initialize, check_fails_early_and_clearly
 
 
 def test_the_registered_function_takes_exactly_the_settings_with_their_defaults():
@@ -75,15 +75,7 @@ BAD_SETTINGS = {
 
 @pytest.mark.parametrize("case", list(BAD_SETTINGS))
 def test_bad_setting_fails_early_and_clearly(normalizer_dirs, monkeypatch, case):
-    import huggingface_hub.constants
-
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # never wait for a hub
-    overrides, stage, words = BAD_SETTINGS[case]
-    got_stage, err = build_and_initialize(normalizer_dirs["bytelevel"], overrides)
-    assert got_stage == stage, f"{case}: expected an error at {stage}, got {got_stage}: {err!r}"
-    assert isinstance(err, ValueError), repr(err)
-    for word in words:
-        assert word in str(err), f"{case}: {word!r} not in {str(err)!r}"
+    check_fails_early_and_clearly(normalizer_dirs["bytelevel"], monkeypatch, BAD_SETTINGS, case)
 
 
 def test_unmask_grammar_error_does_not_invent_a_layer_count(normalizer_dirs):

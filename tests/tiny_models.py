@@ -342,3 +342,16 @@ def build_and_initialize(model_dir, overrides):
     except Exception as err:
         return "initialize", err
     return "none", None
+
+
+def check_fails_early_and_clearly(model_dir, monkeypatch, table: dict, case: str) -> None:
+    """table[case] = (backbone overrides, the stage the error must come at, words it must hold)."""
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # never wait for a hub
+    overrides, stage, words = table[case]
+    got_stage, err = build_and_initialize(model_dir, overrides)
+    assert got_stage == stage, f"{case}: expected an error at {stage}, got {got_stage}: {err!r}"
+    assert isinstance(err, ValueError), repr(err)
+    for word in words:
+        assert word in str(err), f"{case}: {word!r} not in {str(err)!r}"
