@@ -32,19 +32,19 @@ def main(argv=None) -> int:
     backbone = get_backbone(nlp)
     results = {"pipeline": str(args.pipeline), "weights_dtype": str(backbone.model.get_input_embeddings().weight.dtype)}
     for path in args.data:
-        references = [eg.reference for eg in Corpus(path)(nlp)]
+        examples = list(Corpus(path)(nlp))  # the input Docs `spacy evaluate` reads (the corpus's tokens)
         found = {}
         for merged in (True, False):
             backbone.merge_for_inference = merged
-            predicted = list(nlp.pipe(ref.text for ref in references))  # as `spacy evaluate` makes them
-            scores = get_ner_prf([Example(doc, ref) for doc, ref in zip(predicted, references)])
+            predicted = list(nlp.pipe(eg.predicted.copy() for eg in examples))
+            scores = get_ner_prf([Example(doc, eg.reference) for doc, eg in zip(predicted, examples)])
             found["merged" if merged else "unmerged"] = {
                 "f1": round(100 * scores["ents_f"], 2),
                 "ents": [[(e.start, e.end, e.label_) for e in doc.ents] for doc in predicted],
             }
         differ = sum(a != b for a, b in zip(found["merged"]["ents"], found["unmerged"]["ents"]))
         row = {mode: found[mode]["f1"] for mode in found}
-        row.update({"docs": len(references), "docs_whose_entities_differ": differ})
+        row.update({"docs": len(examples), "docs_whose_entities_differ": differ})
         results[path.name] = row
         print(path.name, row, flush=True)
     if args.output:
