@@ -240,7 +240,7 @@ class Backbone(nn.Module):
         if self.settings.quantize == "int8":
             raise ValueError(
                 f"quantize = {self.settings.quantize!r} is for prediction only: train with quantize = "
-                "\"none\" (the default) and set it when loading the trained pipeline, e.g. spacy.load(path, "
+                "\"auto\" (the default) or \"none\" and set it when loading the trained pipeline, e.g. spacy.load(path, "
                 "config={\"components\": {\"ner\": {\"model\": {\"tok2vec\": {\"quantize\": \"int8\"}}}}})"
             )
         self.set_merged(False)

@@ -111,6 +111,15 @@ def lora_layers(model) -> List[nn.Module]:
     return [m for m in model.modules() if isinstance(m, LoraLayer)]
 
 
+def folded_weight(layer) -> torch.Tensor:
+    """A LoRA layer's base weight with its active adapters added, in float32 (a new tensor)."""
+    weight = layer.get_base_layer().weight.detach().float()
+    for adapter in layer.active_adapters:
+        if adapter in layer.lora_A:
+            weight = weight + layer.get_delta_weight(adapter).float()
+    return weight
+
+
 def merge_copies(model) -> Dict[nn.Module, torch.Tensor]:
     """Point each LoRA layer's base weight at a merged copy; return the originals.
 
@@ -126,11 +135,8 @@ def merge_copies(model) -> Dict[nn.Module, torch.Tensor]:
                 continue
             base = layer.get_base_layer()
             weight = base.weight.data
-            merged = weight.float()
-            for adapter in adapters:
-                merged = merged + layer.get_delta_weight(adapter).float()
             originals[layer] = weight
-            base.weight.data = merged.to(weight.dtype)
+            base.weight.data = folded_weight(layer).to(weight.dtype)
             layer.merged_adapters = adapters  # peft's forward then skips the LoRA branch
     return originals
 

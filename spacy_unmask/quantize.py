@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from .families import decoder_layers
+from .lora import folded_weight
 
 
 class Int8Linear(nn.Module):
@@ -60,17 +61,12 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8"
 
 
-def folded_weight(module: nn.Module) -> Tuple[torch.Tensor, object]:
+def weight_and_bias(module: nn.Module) -> Tuple[torch.Tensor, object]:
     """(weight with any active LoRA adapter folded in, in float32; bias) of a linear layer."""
     from peft.tuners.lora import LoraLayer
 
     if isinstance(module, LoraLayer):
-        base = module.get_base_layer()
-        weight = base.weight.detach().float()
-        for adapter in module.active_adapters:
-            if adapter in module.lora_A:
-                weight = weight + module.get_delta_weight(adapter).float()
-        return weight, base.bias
+        return folded_weight(module), module.get_base_layer().bias
     return module.weight.detach().float(), module.bias
 
 
@@ -92,7 +88,7 @@ def quantize_linears(model: nn.Module) -> Dict[Tuple[nn.Module, str], nn.Module]
                 if isinstance(child, (LoraLayer, nn.Linear)) and id(child) not in inside
             ]
             for parent, name, child in targets:
-                weight, bias = folded_weight(child)
+                weight, bias = weight_and_bias(child)
                 setattr(parent, name, Int8Linear(weight, bias).to(weight.device))
                 originals[(parent, name)] = child
     return originals

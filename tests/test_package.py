@@ -11,7 +11,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "spacy_unmask"
 LAYERS = [
     ["masks", "families", "dropout", "fused", "gguf_tokenizer", "windows", "readers"],
     ["pooling", "settings", "download"],
-    ["loading", "lora", "quantize"],
+    ["loading", "lora"],
+    ["quantize"],
     ["backbone"],
     ["saving"],
     ["layers.decoder_tok2vec"],
