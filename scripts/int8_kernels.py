@@ -1,0 +1,78 @@
+"""One decoder block's seven products, bfloat16 against int8 (BENCHMARKS.md, "int8").
+
+    python scripts/int8_kernels.py [--pieces 2048] [--threads 2] [--no-compile]
+
+Shapes are Gemma 3 270M's (hidden 640, q 1024, k/v 256, MLP 2048) for --pieces rows.
+For each product: bfloat16 `F.linear`; `Int8Linear` as it ships (eager: quantise, `_int_mm`,
+rescale); the same per-piece scheme written as one function and compiled by
+`torch.compile` (inductor fuses the quantise and rescale passes around the product; needs
+a C++ compiler; the compile time is printed); and `_int_mm` alone. Medians of 15 calls
+after two warm-ups, in ms. Pause other work on the machine first.
+"""
+import argparse
+import statistics
+import time
+
+import torch
+
+from spacy_unmask.quantize import Int8Linear
+
+# (in, out, how many per block): q, k, v, o, gate + up, down
+SHAPES = [(640, 1024, 1), (640, 256, 2), (1024, 640, 1), (640, 2048, 2), (2048, 640, 1)]
+
+
+def median_ms(call, n=15):
+    call(), call()
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def fused(rows, weight_t, weight_scale):
+    top = rows.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-12)
+    q = (rows.float() * (127.0 / top)).round().clamp(-127, 127).to(torch.int8)
+    return (torch._int_mm(q, weight_t).float() * (top / 127.0) * weight_scale).to(rows.dtype)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pieces", type=int, default=2048)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--no-compile", action="store_true")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    torch.set_num_threads(args.threads)
+    compiled = None if args.no_compile else torch.compile(fused, dynamic=True)
+    cases = []
+    for n_in, n_out, count in SHAPES:
+        x = torch.randn(args.pieces, n_in).bfloat16()
+        weight = torch.randn(n_out, n_in) / n_in ** 0.5
+        int8 = Int8Linear(weight)
+        if compiled is not None:
+            start = time.perf_counter()
+            compiled(x, int8.weight_t, int8.weight_scale)
+            print(f"compiled {n_in} -> {n_out} in {time.perf_counter() - start:.1f} s")
+        cases.append((n_in, n_out, count, x, weight.bfloat16(), int8))
+    totals = {}
+    for n_in, n_out, count, x, weight, int8 in cases:
+        row = {
+            "bfloat16": median_ms(lambda: torch.nn.functional.linear(x, weight)),
+            "int8 eager": median_ms(lambda: int8(x)),
+            "_int_mm alone": median_ms(lambda: torch._int_mm(x.to(torch.int8), int8.weight_t)),
+        }
+        if compiled is not None:
+            row["int8 compiled"] = median_ms(lambda: compiled(x, int8.weight_t, int8.weight_scale))
+        print(f"{args.pieces} x {n_in} -> {n_out} (x{count}):", {k: round(v, 2) for k, v in row.items()})
+        for key, value in row.items():
+            totals[key] = totals.get(key, 0.0) + count * value
+    print("one block's seven products, ms:", {k: round(v, 1) for k, v in totals.items()})
+    for key in totals:
+        if key != "bfloat16":
+            print(f"bfloat16 / {key}: {totals['bfloat16'] / totals[key]:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
