@@ -10,8 +10,8 @@ import transformers
 
 from spacy_unmask import download, get_backbone
 from spacy_unmask.layers.decoder_tok2vec import DecoderTok2Vec
-from spacy_unmask.loading import load_config, resolve_source, truncate_config, warn_about_loading
-from tiny_models import build_and_initialize, check_fails_early_and_clearly, tiny_config
+from spacy_unmask.loading import decoder_from_config, load_config, resolve_source, truncate_config, warn_about_loading
+from tiny_models import FAMILIES, build_and_initialize, check_fails_early_and_clearly, tiny_config
 
 
 def tok2vec(name, **settings):
@@ -185,3 +185,19 @@ def test_loading_problems_other_than_the_cut_layers_are_still_reported():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # only cut-off layers unused: nothing to say
         warn_about_loading({"missing_keys": [], "unexpected_keys": ["model.layers.2.x"]}, "m", num_layers=2)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_decoder_for_saved_weights_gets_every_computed_buffer(family):
+    """`decoder_from_config` skips drawing random weights (they are all loaded next), but
+    the buffers a family computes itself (rotary frequencies, embedding scale) must still
+    be there, or a loaded pipeline would read garbage."""
+    config = tiny_config(family)
+    drawn = transformers.AutoModel.from_config(config, attn_implementation="eager")
+    undrawn = decoder_from_config(config, attn_implementation="eager", dtype=torch.float32)
+    assert [name for name, _ in undrawn.named_buffers()] == [name for name, _ in drawn.named_buffers()]
+    for (name, expected), (_, got) in zip(drawn.named_buffers(), undrawn.named_buffers()):
+        assert torch.equal(got, expected), name
+    undrawn.load_state_dict(drawn.state_dict())
+    ids = torch.tensor([[5, 9, 2, 7, 3]])
+    torch.testing.assert_close(undrawn(ids).last_hidden_state, drawn(ids).last_hidden_state, rtol=0, atol=0)
