@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
 
 import numpy as np
+from spacy.attrs import IDX, LENGTH
 from spacy.tokens import Doc
 
 
@@ -224,8 +225,9 @@ def plan_batch(
             part_of.append(np.full(len(ids[-1]), number, dtype=np.int64))
             text_index += 1
         ids, offsets, part_of = np.concatenate(ids), np.concatenate(offsets), np.concatenate(part_of)
-        token_starts = np.fromiter((t.idx for t in doc), dtype=np.int64, count=len(doc))
-        token_ends = token_starts + np.fromiter((len(t.text) for t in doc), dtype=np.int64, count=len(doc))
+        # (from the Doc's arrays: making a Token object per token took 6% of `nlp.pipe`)
+        token_starts, lengths = doc.to_array([IDX, LENGTH]).astype(np.int64).reshape(-1, 2).T
+        token_ends = token_starts + lengths
         first, last = align_pieces(token_starts, token_ends, offsets[:, 0], offsets[:, 1])
         if len(parts) > 1:
             starts, ends, owner = sentence_windows(part_of, window, stride, context)
