@@ -63,16 +63,14 @@ def window_cut_distance(doc, tokenizer, window: int, stride: int):
     """Per token: pieces from its first piece to the nearest cut of the window it takes its
     vector from, as the backbone windows running text (-1: the doc is not cut, or the
     token has no piece). A window edge at the start or end of the doc is no cut."""
-    from spacy_unmask.windows import align_pieces, assign_windows, window_starts
+    from spacy_unmask.windows import align_pieces, assign_windows, token_spans, window_starts
 
     encoded = tokenizer(doc.text, add_special_tokens=False, return_offsets_mapping=True)
     offsets = np.asarray(encoded["offset_mapping"], dtype=np.int64).reshape(-1, 2)
     n = len(offsets)
     if n <= window:
         return np.full(len(doc), -1, dtype=np.int64)
-    starts_chars = np.fromiter((t.idx for t in doc), dtype=np.int64, count=len(doc))
-    ends_chars = starts_chars + np.fromiter((len(t.text) for t in doc), dtype=np.int64, count=len(doc))
-    first, _ = align_pieces(starts_chars, ends_chars, offsets[:, 0], offsets[:, 1])
+    first, _ = align_pieces(*token_spans(doc), offsets[:, 0], offsets[:, 1])
     piece = np.maximum(first, 0)
     starts = window_starts(n, window, stride)
     start = starts[assign_windows(n, starts, window)][piece]

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from spacy_unmask import get_backbone
 from spacy_unmask.layers.decoder_tok2vec import DecoderTok2Vec
-from spacy_unmask.windows import assign_windows, window_starts
+from spacy_unmask.windows import assign_windows, token_spans, window_starts
 from tiny_models import (
     FAMILIES,
     STRIDE,
@@ -156,3 +156,12 @@ def test_assign_windows_matches_brute_force(window, data):
     if num_pieces:
         covered = starts[got]
         assert ((covered <= pieces[:, 0]) & (pieces[:, 0] < covered + window)).all()
+
+
+@pytest.mark.parametrize("text", ["Héllo  wörld 😀 a\tb  \n x", "Peter Blackburn visited Brussels .", ""])
+def test_token_spans_are_each_tokens_characters(text):
+    doc = spacy.blank("en")(text)
+    starts, ends = token_spans(doc)
+    assert starts.dtype == ends.dtype == np.int64
+    assert [text[a:b] for a, b in zip(starts, ends)] == [t.text for t in doc]
+    assert list(starts) == [t.idx for t in doc]
