@@ -18,6 +18,7 @@ from packaging.version import Version
 from .families import SUPPORTED_MODEL_TYPES, check_supported, choose_attention
 
 _TRANSFORMERS_5 = Version(transformers.__version__) >= Version("5.0.0")
+_DTYPE_KWARG = "dtype" if _TRANSFORMERS_5 else "torch_dtype"
 
 
 def resolve_source(name: str) -> Tuple[str, Optional[str]]:
@@ -100,7 +101,6 @@ def load_decoder(
     if config is None:
         config = load_config(name, trust_remote_code=trust_remote_code)
     source, gguf_file = resolve_source(name)
-    dtype_kwarg = "dtype" if _TRANSFORMERS_5 else "torch_dtype"
     # Load through the causal-LM class: AutoModel on a checkpoint saved from
     # *ForCausalLM can silently re-initialise the weights (transformers 4.53, Gemma 3).
     # transformers' own load report would list every weight of the layers that
@@ -113,7 +113,7 @@ def load_decoder(
             attn_implementation=choose_attention(config, attn_implementation),
             trust_remote_code=trust_remote_code,
             output_loading_info=True,
-            **{dtype_kwarg: dtype},
+            **{_DTYPE_KWARG: dtype},
         )
     warn_about_loading(info, name, config.num_hidden_layers)
     model = lm.get_decoder()
@@ -158,7 +158,11 @@ def _transformers_quiet():
 def decoder_from_config(config, *, attn_implementation: str, dtype: torch.dtype):
     """A decoder with the architecture of `config`, its weights left uninitialised: every
     one is loaded into it next (drawing Gemma 3's random weights first took 5 of the 21 s
-    that `spacy.load` of a pipeline took)."""
+    that `spacy.load` of a pipeline took).
+
+    It is built in `dtype`, as `from_pretrained` builds the decoder a pipeline is trained
+    on; casting a built one (`.to(dtype)`) would also round the buffers a family computes
+    in float32 on purpose (the rotary frequencies), moving every position's rotation."""
     if _TRANSFORMERS_5:
         from transformers.initialization import no_init_weights
     else:
@@ -166,7 +170,7 @@ def decoder_from_config(config, *, attn_implementation: str, dtype: torch.dtype)
 
     impl = choose_attention(config, attn_implementation)
     with no_init_weights():
-        return transformers.AutoModel.from_config(config, attn_implementation=impl).to(dtype)
+        return transformers.AutoModel.from_config(config, attn_implementation=impl, **{_DTYPE_KWARG: dtype})
 
 
 def load_tokenizer(source: str, *, gguf_file: Optional[str] = None, trust_remote_code: bool = False):

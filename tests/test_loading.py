@@ -10,8 +10,15 @@ import transformers
 
 from spacy_unmask import download, get_backbone
 from spacy_unmask.layers.decoder_tok2vec import DecoderTok2Vec
-from spacy_unmask.loading import decoder_from_config, load_config, resolve_source, truncate_config, warn_about_loading
-from tiny_models import FAMILIES, build_and_initialize, check_fails_early_and_clearly, tiny_config
+from spacy_unmask.loading import (
+    decoder_from_config,
+    load_config,
+    load_decoder,
+    resolve_source,
+    truncate_config,
+    warn_about_loading,
+)
+from tiny_models import FAMILIES, build_and_initialize, check_fails_early_and_clearly, save_tiny_model, tiny_config
 
 
 def tok2vec(name, **settings):
@@ -187,17 +194,25 @@ def test_loading_problems_other_than_the_cut_layers_are_still_reported():
         warn_about_loading({"missing_keys": [], "unexpected_keys": ["model.layers.2.x"]}, "m", num_layers=2)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_decoder_for_saved_weights_gets_every_computed_buffer(family):
-    """`decoder_from_config` skips drawing random weights (they are all loaded next), but
-    the buffers a family computes itself (rotary frequencies, embedding scale) must still
-    be there, or a loaded pipeline would read garbage."""
-    config = tiny_config(family)
-    drawn = transformers.AutoModel.from_config(config, attn_implementation="eager")
-    undrawn = decoder_from_config(config, attn_implementation="eager", dtype=torch.float32)
-    assert [name for name, _ in undrawn.named_buffers()] == [name for name, _ in drawn.named_buffers()]
-    for (name, expected), (_, got) in zip(drawn.named_buffers(), undrawn.named_buffers()):
-        assert torch.equal(got, expected), name
-    undrawn.load_state_dict(drawn.state_dict())
-    ids = torch.tensor([[5, 9, 2, 7, 3]])
-    torch.testing.assert_close(undrawn(ids).last_hidden_state, drawn(ids).last_hidden_state, rtol=0, atol=0)
+def test_decoder_for_saved_weights_is_the_decoder_training_loads(family, dtype, tmp_path):
+    """`decoder_from_config` (a saved pipeline's decoder) skips drawing random weights,
+    since all are loaded next; it must still be the decoder that `from_pretrained` gives
+    training: the buffers a family computes itself (rotary frequencies, embedding scale)
+    there, with their values and dtypes (bfloat16 rotary frequencies would rotate every
+    position a little wrongly), the weights in `dtype`, and the same outputs far into a
+    sequence, bit for bit."""
+    model_dir = save_tiny_model(tmp_path / "model", family)
+    trained, _ = load_decoder(model_dir, dtype=dtype, attn_implementation="eager")
+    loaded = decoder_from_config(load_config(model_dir), attn_implementation="eager", dtype=dtype)
+    expected_buffers, got_buffers = dict(trained.named_buffers()), dict(loaded.named_buffers())
+    assert list(got_buffers) == list(expected_buffers)
+    for name, expected in expected_buffers.items():
+        assert got_buffers[name].dtype == expected.dtype, name
+        assert torch.equal(got_buffers[name], expected), name
+    assert {p.dtype for p in loaded.parameters()} == {dtype}
+    loaded.load_state_dict(trained.state_dict())
+    ids = torch.arange(3, 203).remainder(300).unsqueeze(0)  # 200 positions
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).last_hidden_state, trained(ids).last_hidden_state, rtol=0, atol=0)
