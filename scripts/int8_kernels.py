@@ -4,7 +4,7 @@
 
 Shapes are Gemma 3 270M's (hidden 640, q 1024, k/v 256, MLP 2048) for --pieces rows.
 For each product: bfloat16 `F.linear`; `Int8Linear` as it ships (eager: quantise, `_int_mm`,
-rescale); the same per-piece scheme written as one function and compiled by
+rescale, and its 16 outlier channels in bfloat16) and without outlier channels; the same per-piece scheme written as one function and compiled by
 `torch.compile` (inductor fuses the quantise and rescale passes around the product; needs
 a C++ compiler; the compile time is printed); and `_int_mm` alone. Medians of 15 calls
 after two warm-ups, in ms. Pause other work on the machine first.
@@ -55,12 +55,13 @@ def main():
             start = time.perf_counter()
             compiled(x, int8.weight_t, int8.weight_scale)
             print(f"compiled {n_in} -> {n_out} in {time.perf_counter() - start:.1f} s")
-        cases.append((n_in, n_out, count, x, weight.bfloat16(), int8))
+        cases.append((n_in, n_out, count, x, weight.bfloat16(), int8, Int8Linear(weight, outliers=0)))
     totals = {}
-    for n_in, n_out, count, x, weight, int8 in cases:
+    for n_in, n_out, count, x, weight, int8, no_outliers in cases:
         row = {
             "bfloat16": median_ms(lambda: torch.nn.functional.linear(x, weight)),
             "int8 eager": median_ms(lambda: int8(x)),
+            "int8 eager, no outlier channels": median_ms(lambda: no_outliers(x)),
             "_int_mm alone": median_ms(lambda: torch._int_mm(x.to(torch.int8), int8.weight_t)),
         }
         if compiled is not None:

@@ -4,8 +4,12 @@
 
 On the first 48 docs of --data, against float32: relative error (Frobenius) and the
 cosine of each token's vector, min and mean, for
-  - per-piece activation scales with per-channel weights (`Int8Linear`, what ships);
-  - the same with SmoothQuant (alpha 0.5), scales calibrated on docs 1000-1063 of --data;
+  - per-piece activation scales with per-channel weights, no outlier channels (`Int8Linear`
+    with outliers=0, the first scheme shipped);
+  - the same with the 8, 16 (what ships) or 32 largest input channels of each call taken
+    out of the int8 product;
+  - the first scheme with one kind of projection left in float (q/k/v, o, gate/up, down);
+  - the first scheme with SmoothQuant (alpha 0.5), scales calibrated on docs 1000-1063 of --data;
   - the same with SmoothQuant scales guessed from the weights (Gemma's norm weights, the
     v rows for o_proj, the gate x up row norms for down_proj);
   - int8 in one decoder layer only, each in turn.
@@ -25,7 +29,7 @@ class SmoothInt8(nn.Module):
         from spacy_unmask.quantize import Int8Linear
 
         super().__init__()
-        self.inner = Int8Linear(linear.weight.float() * smooth[None, :], linear.bias)
+        self.inner = Int8Linear(linear.weight.float() * smooth[None, :], linear.bias, outliers=0)
         self.register_buffer("inverse", 1.0 / smooth, persistent=False)
 
     def forward(self, x):
@@ -75,9 +79,15 @@ def main(argv=None) -> int:
             error = (out - reference).norm() / reference.norm()
             print(f"{label:34} relative error {error:.3f}  cosine min {cosine.min():.3f} mean {cosine.mean():.4f}", flush=True)
 
-        originals = quantize_linears(backbone.model)
-        report("per-piece int8 (Int8Linear)")
-        restore_linears(originals)
+        for outliers in (0, 8, 16, 32):
+            originals = quantize_linears(backbone.model, outliers)
+            report(f"per-piece int8, {outliers} outlier channels")
+            restore_linears(originals)
+        for kind in ("q_proj k_proj v_proj", "o_proj", "gate_proj up_proj", "down_proj"):
+            originals = quantize_linears(backbone.model, 0)
+            restore_linears({key: module for key, module in originals.items() if key[1] in kind.split()})
+            report(f"the same, but {kind} in float")
+            restore_linears({key: module for key, module in originals.items() if key[1] not in kind.split()})
 
         calibrated = {}
         hooks = [module.register_forward_pre_hook(
@@ -103,7 +113,7 @@ def main(argv=None) -> int:
             restore_linears(swapped)
 
         for i, layer in enumerate(layers):
-            originals = quantize_linears(backbone.model)
+            originals = quantize_linears(backbone.model, 0)
             inside = {id(m) for m in layer.modules()}
             restore_linears({key: module for key, module in originals.items() if id(key[0]) not in inside})
             report(f"int8 in layer {i} only")

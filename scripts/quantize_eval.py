@@ -6,7 +6,9 @@
 
 Each mode is the saved pipeline loaded with load-time overrides (its weights are not
 changed): `float32` (dtype float32), `bfloat16` (dtype bfloat16; skipped where the CPU has
-no bfloat16), `int8` (quantize int8, activations in the dtype "auto" picks). For each
+no bfloat16), `int8` (quantize int8, activations in the dtype "auto" picks), and
+`int8-no-outliers` (the same without outlier channels: the first int8 scheme, for
+comparison; set on the loaded pipeline's `Int8Linear` layers). For each
 data file it writes, per mode:
 - F1 (spaCy's NER scorer rules, as `scripts/calibrate.py` applies them) and the entity
   scores' calibration (ECE, 15 bins), and
@@ -30,7 +32,21 @@ MODES = {
     "float32": {"dtype": "float32", "quantize": "none"},
     "bfloat16": {"dtype": "bfloat16", "quantize": "none"},
     "int8": {"dtype": "auto", "quantize": "int8"},
+    "int8-no-outliers": {"dtype": "auto", "quantize": "int8"},
 }
+
+
+def without_outlier_channels(nlp):
+    """The int8 pipeline with every `Int8Linear` multiplying all its channels in int8."""
+    from spacy_unmask.layers.decoder_tok2vec import get_backbone
+    from spacy_unmask.quantize import Int8Linear
+
+    nlp("A first call quantises the decoder .")
+    layers = [m for m in get_backbone(nlp).model.modules() if isinstance(m, Int8Linear)]
+    assert layers, "no Int8Linear in the int8 pipeline"
+    for layer in layers:
+        layer.outliers = 0
+    return nlp
 
 
 def split_name(path: Path) -> str:
@@ -106,6 +122,8 @@ def main(argv=None) -> int:
     settings = {mode: {**MODES[mode], **({"dtype": args.dtype} if args.dtype and mode != "bfloat16" else {})}
                 for mode in modes}
     pipelines = {mode: load_with(args.pipeline, **settings[mode]) for mode in modes}
+    if "int8-no-outliers" in pipelines:
+        without_outlier_channels(pipelines["int8-no-outliers"])
     results.setdefault("modes", {}).update(settings)
     for path in args.data:
         split = split_name(path)

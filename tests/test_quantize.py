@@ -106,6 +106,30 @@ def test_int8_linear_matches_a_float_linear_closely():
     assert rel.max() < 0.02  # per-row scales: small rows keep their precision
 
 
+def test_int8_linear_keeps_a_few_huge_input_channels_from_crushing_the_rest():
+    # Gemma-style activations: a few channels ~100x the others. Per-row scales alone
+    # spend the int8 range on them; taking the largest channels out of the int8 product
+    # keeps the others' precision.
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(256, 32)
+    x = torch.randn(4, 5, 256)
+    x[..., [3, 100, 200]] *= 100
+    want = linear(x)
+
+    def error(module):
+        return ((module(x) - want).norm(dim=-1) / want.norm(dim=-1)).max()
+
+    assert error(Int8Linear(linear.weight, linear.bias)) < 0.01
+    assert error(Int8Linear(linear.weight, linear.bias, outliers=0)) > 0.02  # what it guards against
+
+
+def test_int8_linear_takes_one_piece_and_inputs_narrower_than_its_outlier_budget():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(8, 4)  # all 8 channels fit in the outlier budget
+    x = torch.randn(1, 8)
+    assert torch.allclose(Int8Linear(linear.weight, linear.bias)(x), linear(x), rtol=0.02, atol=0.02)
+
+
 @pytest.mark.parametrize("dtype, has_bfloat16, int8", [
     ("auto", False, True),  # a CPU without bfloat16: int8 rather than float32
     ("auto", True, False),  # bfloat16 is there: it is used
