@@ -4,7 +4,8 @@
 
 Shapes are Gemma 3 270M's (hidden 640, q 1024, k/v 256, MLP 2048) for --pieces rows.
 For each product: bfloat16 `F.linear`; `Int8Linear` as it ships (eager: quantise, `_int_mm`,
-rescale, and its 16 outlier channels in bfloat16) and without outlier channels; the same per-piece scheme written as one function and compiled by
+rescale, and its outlier channels in bfloat16) and without outlier channels; the same
+per-piece scheme written as one function and compiled by
 `torch.compile` (inductor fuses the quantise and rescale passes around the product; needs
 a C++ compiler; the compile time is printed); and `_int_mm` alone. Medians of 15 calls
 after two warm-ups, in ms. Pause other work on the machine first.

@@ -36,8 +36,8 @@ MODES = {
 }
 
 
-def without_outlier_channels(nlp):
-    """The int8 pipeline with every `Int8Linear` multiplying all its channels in int8."""
+def set_outlier_channels(nlp, outliers: int):
+    """The int8 pipeline with every `Int8Linear` taking `outliers` channels out of int8."""
     from spacy_unmask.layers.decoder_tok2vec import get_backbone
     from spacy_unmask.quantize import Int8Linear
 
@@ -45,7 +45,7 @@ def without_outlier_channels(nlp):
     layers = [m for m in get_backbone(nlp).model.modules() if isinstance(m, Int8Linear)]
     assert layers, "no Int8Linear in the int8 pipeline"
     for layer in layers:
-        layer.outliers = 0
+        layer.outliers = min(outliers, layer.in_features)
     return nlp
 
 
@@ -108,6 +108,8 @@ def main(argv=None) -> int:
     parser.add_argument("--speed-docs", type=int, default=0, help="time the first N docs of each file (0: all)")
     parser.add_argument("--dtype", default=None, help="the dtype of every mode but bfloat16 (e.g. float32 where "
                         "the CPU has bfloat16 but one without it is emulated)")
+    parser.add_argument("--int8-outliers", type=int, default=None, help="outlier channels of the int8 mode (default: "
+                        "what ships); give --output with it, so the per-CPU file keeps the shipped scheme")
     parser.add_argument("--output", type=Path, help="default metrics/bench/quantize-<cpu kind>.json")
     parser.add_argument("--kind", help="the CPU kind to file the results under (default: this CPU's; say "
                         "e.g. avx2-emulated when ATEN_CPU_CAPABILITY / ONEDNN_MAX_CPU_ISA restrict the kernels)")
@@ -123,7 +125,9 @@ def main(argv=None) -> int:
                 for mode in modes}
     pipelines = {mode: load_with(args.pipeline, **settings[mode]) for mode in modes}
     if "int8-no-outliers" in pipelines:
-        without_outlier_channels(pipelines["int8-no-outliers"])
+        set_outlier_channels(pipelines["int8-no-outliers"], 0)
+    if args.int8_outliers is not None and "int8" in pipelines:
+        set_outlier_channels(pipelines["int8"], args.int8_outliers)
     results.setdefault("modes", {}).update(settings)
     for path in args.data:
         split = split_name(path)
