@@ -1,10 +1,10 @@
-"""One decoder block's seven products, bfloat16 against int8 (BENCHMARKS.md, "int8").
+"""One decoder block's seven products, bfloat16 or float32 against int8 (BENCHMARKS.md, "int8").
 
-    python scripts/int8_kernels.py [--pieces 2048] [--threads 2] [--no-compile]
+    python scripts/int8_kernels.py [--pieces 2048] [--threads 2] [--dtype bfloat16] [--no-compile]
 
 Shapes are Gemma 3 270M's (hidden 640, q 1024, k/v 256, MLP 2048) for --pieces rows.
-For each product: bfloat16 `F.linear`; `Int8Linear` as it ships (eager: quantise, `_int_mm`,
-rescale, and its outlier channels in bfloat16) and without outlier channels; the same
+For each product: `F.linear` in --dtype (bfloat16, or float32 as on CPUs without bfloat16); `Int8Linear` as it ships (eager: quantise, `_int_mm`,
+rescale, and its outlier channels in --dtype) and without outlier channels; the same
 per-piece scheme written as one function and compiled by
 `torch.compile` (inductor fuses the quantise and rescale passes around the product; needs
 a C++ compiler; the compile time is printed); and `_int_mm` alone. Medians of 15 calls
@@ -42,25 +42,27 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pieces", type=int, default=2048)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     parser.add_argument("--no-compile", action="store_true")
     args = parser.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype)
     compiled = None if args.no_compile else torch.compile(fused, dynamic=True)
     cases = []
     for n_in, n_out, count in SHAPES:
-        x = torch.randn(args.pieces, n_in).bfloat16()
+        x = torch.randn(args.pieces, n_in).to(dtype)
         weight = torch.randn(n_out, n_in) / n_in ** 0.5
         int8 = Int8Linear(weight)
         if compiled is not None:
             start = time.perf_counter()
             compiled(x, int8.weight_t, int8.weight_scale)
             print(f"compiled {n_in} -> {n_out} in {time.perf_counter() - start:.1f} s")
-        cases.append((n_in, n_out, count, x, weight.bfloat16(), int8, Int8Linear(weight, outliers=0)))
+        cases.append((n_in, n_out, count, x, weight.to(dtype), int8, Int8Linear(weight, outliers=0)))
     totals = {}
     for n_in, n_out, count, x, weight, int8, no_outliers in cases:
         row = {
-            "bfloat16": median_ms(lambda: torch.nn.functional.linear(x, weight)),
+            args.dtype: median_ms(lambda: torch.nn.functional.linear(x, weight)),
             "int8 eager": median_ms(lambda: int8(x)),
             "int8 eager, no outlier channels": median_ms(lambda: no_outliers(x)),
             "_int_mm alone": median_ms(lambda: torch._int_mm(x.to(torch.int8), int8.weight_t)),
@@ -72,8 +74,8 @@ def main():
             totals[key] = totals.get(key, 0.0) + count * value
     print("one block's seven products, ms:", {k: round(v, 1) for k, v in totals.items()})
     for key in totals:
-        if key != "bfloat16":
-            print(f"bfloat16 / {key}: {totals['bfloat16'] / totals[key]:.2f}x")
+        if key != args.dtype:
+            print(f"{args.dtype} / {key}: {totals[args.dtype] / totals[key]:.2f}x")
 
 
 if __name__ == "__main__":
