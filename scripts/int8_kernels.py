@@ -3,9 +3,10 @@
     python scripts/int8_kernels.py [--pieces 2048] [--threads 2] [--dtype bfloat16] [--no-compile]
 
 Shapes are Gemma 3 270M's (hidden 640, q 1024, k/v 256, MLP 2048) for --pieces rows.
-For each product: `F.linear` in --dtype (bfloat16, or float32 as on CPUs without bfloat16); `Int8Linear` as it ships (eager: quantise, `_int_mm`,
-rescale, and its outlier channels in --dtype) and without outlier channels; the same
-per-piece scheme written as one function and compiled by
+For each product: `F.linear` in --dtype (bfloat16, or float32 as on CPUs without
+bfloat16); `Int8Linear` as it ships (eager: quantise, `_int_mm`, rescale, and its outlier
+channels in --dtype) and without outlier channels; the same per-piece scheme written as
+one function and compiled by
 `torch.compile` (inductor fuses the quantise and rescale passes around the product; needs
 a C++ compiler; the compile time is printed); and `_int_mm` alone. Medians of 15 calls
 after two warm-ups, in ms. Pause other work on the machine first.

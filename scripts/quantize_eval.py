@@ -114,6 +114,8 @@ def main(argv=None) -> int:
     parser.add_argument("--kind", help="the CPU kind to file the results under (default: this CPU's; say "
                         "e.g. avx2-emulated when ATEN_CPU_CAPABILITY / ONEDNN_MAX_CPU_ISA restrict the kernels)")
     args = parser.parse_args(argv)
+    if args.int8_outliers is not None and args.int8_outliers < 0:
+        parser.error(f"--int8-outliers must be 0 or more channels, got {args.int8_outliers}")
 
     flags = cpu_flags()
     kind = args.kind or cpu_kind(flags)
