@@ -57,6 +57,7 @@ SAME_AS = {"none": "groups:0000", "all": "groups:1111"}
 UNMASK_KEY = "components.ner.model.tok2vec.unmask"
 MODEL_KEY = "components.ner.model.tok2vec.name"
 LAYERS_KEY = "components.ner.model.tok2vec.num_layers"
+REPEAT_KEY = "components.ner.model.tok2vec.repeat"
 HERE = Path(__file__).resolve().parent
 # "auto" split -> the document-level file to prefer, when the corpus has one
 AUTO = {"train": "train.mix", "dev": "dev.doc"}
@@ -155,6 +156,8 @@ def train_command(args, run: dict) -> List[str]:
         command += [f"--{MODEL_KEY}", args.model]
     if args.num_layers is not None:
         command += [f"--{LAYERS_KEY}", str(args.num_layers)]
+    if args.repeat is not None:
+        command += [f"--{REPEAT_KEY}", str(args.repeat)]
     if args.max_steps:
         command += ["--training.max_steps", str(args.max_steps)]
     return command + list(args.extra)
@@ -394,6 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--seqeval", action="store_true", help="check the first --eval split's F1 with seqeval")
     r.add_argument("--model", default="", help=f"backbone ({MODEL_KEY}; default: the config's)")
     r.add_argument("--num-layers", type=int, help=f"decoder layers kept ({LAYERS_KEY}: 0 all, N the first N, -N all but the last N; default: the config's)")
+    r.add_argument("--repeat", type=int, help=f"sequence repetition ({REPEAT_KEY}: each window read N + 1 times; default: the config's)")
     r.add_argument("--max-steps", type=int, default=0, help="training.max_steps per run (0: the config's)")
     r.add_argument("--gpu-id", type=int, default=-1)
     r.add_argument("--python", default=sys.executable, help="interpreter for spacy train / evaluate (default this one)")

@@ -88,7 +88,8 @@ def test_training_commands_pass_runs_py_arguments_it_takes(project_copy):
 
     from weasel.util import load_project_config
 
-    overrides = {"vars.corpus": "bc5cdr", "vars.seeds": "0 1 2", "vars.run_prefix": "gemma3-", "vars.unmask": "0-3,10"}
+    overrides = {"vars.corpus": "bc5cdr", "vars.seeds": "0 1 2", "vars.run_prefix": "gemma3-", "vars.unmask": "0-3,10",
+                 "vars.repeat": "1"}
     config = load_project_config(project_copy, overrides=overrides)
     parsed = {}
     for cmd in config["commands"]:
@@ -101,13 +102,16 @@ def test_training_commands_pass_runs_py_arguments_it_takes(project_copy):
     assert (train.corpus, train.specs, train.seeds, train.prefix) == ("bc5cdr", ["0-3,10"], ["0", "1", "2"], "gemma3-")
     assert (train.train, train.dev, train.eval) == ("auto", "auto", ["test", "test.doc"])
     assert train.force is True  # the demo retrains, although its metrics are committed
-    assert train.num_layers == -6 and "--components.ner.model.tok2vec.num_layers" in " ".join(
-        runs.train_command(train, {"out_dir": Path("m"), "name": "r", "model_dir": Path("t"), "train": "a",
-                                   "dev": "b", "seed": 0, "spec": "all", "curve": Path("m/r.log.jsonl")}))
+    command = " ".join(runs.train_command(train, {"out_dir": Path("m"), "name": "r", "model_dir": Path("t"), "train": "a",
+                                                  "dev": "b", "seed": 0, "spec": "all", "curve": Path("m/r.log.jsonl")}))
+    assert train.num_layers == -6 and "--components.ner.model.tok2vec.num_layers -6" in command
+    # the accuracy recipe's repetition reaches spacy train from --vars.repeat
+    assert "--components.ner.model.tok2vec.repeat 1" in command
     conll = parsed["conll03-train"]
     assert conll.corpus == "conll03" and conll.specs == ["none", "all", "middle"] and conll.seqeval
     sweep = parsed["sweep-train"]
     assert sweep.specs == ["sweep"] and sweep.delete_models
+    assert train.repeat == conll.repeat == sweep.repeat == 1
     # the model scored is the one trained for the budget (model-last), so training's own
     # evaluation, at the last step, reads one dev document
     assert sweep.evaluate_model == "last" and conll.evaluate_model == "best"
