@@ -45,8 +45,9 @@ TARGET_PRECISIONS = (0.9, 0.95, 0.99)
 class Split:
     """The decoded entities of one .spacy file: their logits and correctness."""
 
-    def __init__(self, logits: List[np.ndarray], correct: List[np.ndarray], counted: List[np.ndarray],
-                 gold_entities: int):
+    def __init__(self, examples: list, logits: List[np.ndarray], correct: List[np.ndarray],
+                 counted: List[np.ndarray], gold_entities: int):
+        self.examples = examples  # spacy Examples, .predicted annotated by the pipeline as read
         self.logits = logits  # per doc, (tokens, tags)
         self.correct = correct  # per doc, one bool per decoded entity
         self.counted = counted  # per doc: False where spaCy's scorer ignores the entity
@@ -98,7 +99,7 @@ def read_split(nlp, ner_name: str, path: Path, batch_size: int) -> Split:
             correct.append(is_correct)
             counted.append(is_counted)
             gold_entities += n_gold
-    return Split(logits, correct, counted, gold_entities)
+    return Split(examples, logits, correct, counted, gold_entities)
 
 
 def judge(example, entities) -> Tuple[np.ndarray, np.ndarray, int]:

@@ -1,4 +1,5 @@
-"""Entity scores of unmask_ner (doc.spans, threshold, candidates, temperature) and scripts/calibrate.py."""
+"""Entity scores of unmask_ner (doc.spans, threshold, candidates, temperature), the entity bias of its
+decoding, scripts/calibrate.py and scripts/fit_bias.py."""
 import importlib.util
 import json
 import os
@@ -24,7 +25,7 @@ HOSTILE = [
     "東京は日本の首都です。 Brussels", "مرحبا \u200fPeter\u202e Brussels\u202c", "e\u0301 a\u0300\u0301 Z\u0351",
     "Peter\x00Blackburn \x07 \x1b[31mred\x1b[0m \ufeff end\x7f", "x" * 300, "Brussels . " * 150,
 ]
-DEFAULTS = {"threshold": 0.0, "candidates_min_score": None, "temperature": 1.0, "spans_key": "ner"}
+DEFAULTS = {"threshold": 0.0, "candidates_min_score": None, "temperature": 1.0, "entity_bias": 0.0, "spans_key": "ner"}
 
 
 @pytest.fixture(scope="module")
@@ -140,6 +141,29 @@ def test_a_temperature_moves_the_scores_and_never_the_entities(nlp):
     assert not np.allclose(np.concatenate([s for _, s in after]), np.concatenate([s for _, s in before]))
 
 
+def test_an_entity_bias_moves_the_entities_and_never_the_scores(nlp):
+    ner = nlp.get_pipe("ner")
+    texts = TEXTS + HOSTILE
+    plain = [dict(zip(*group_of(doc))) for doc in nlp.pipe(texts)]
+    ner.entity_bias = 50.0  # every token's entity tags far above O: every token in an entity
+    docs = list(nlp.pipe(texts))
+    assert all(token.ent_iob_ in ("B", "I") for doc in docs for token in doc)
+    moved = 0
+    for before, doc in zip(plain, docs):
+        spans, scores = group_of(doc)
+        assert set(ents_of(doc)) == set(spans)
+        for span, score in zip(spans, scores):
+            if span in before:  # the same span scores the same: the bias is not in the scores
+                assert score == pytest.approx(before[span], abs=1e-12)
+            else:
+                moved += 1
+    assert moved > 0
+    ner.entity_bias = -50.0
+    assert all(doc.ents == () for doc in nlp.pipe(texts))
+    ner.entity_bias = 0.0
+    assert [dict(zip(*group_of(doc))) for doc in nlp.pipe(texts)] == plain
+
+
 def test_empty_one_token_and_hostile_texts_get_a_group(nlp):
     nlp.get_pipe("ner").candidates_min_score = 0.05
     docs = list(nlp.pipe(HOSTILE, batch_size=4))
@@ -162,6 +186,7 @@ def test_empty_one_token_and_hostile_texts_get_a_group(nlp):
     ("temperature", 0.0, "a positive finite number"),
     ("temperature", -2.0, "a positive finite number"),
     ("spans_key", "", "a non-empty string"),
+    ("entity_bias", "inf", "a finite number"),
 ])
 def test_bad_settings_are_refused_by_name(setting, value, accepted):
     with pytest.raises(ValueError, match=rf"\[unmask_ner\] {setting} .*: must be {accepted}"):
@@ -178,7 +203,7 @@ def test_spacy_evaluate_scores_are_unchanged_by_the_new_settings(nlp):
     assert scored == plain and plain["ents_f"] > 0.5
 
 
-SETTINGS = {"threshold": 0.3, "candidates_min_score": 0.05, "temperature": 1.5, "spans_key": "conf"}
+SETTINGS = {"threshold": 0.3, "candidates_min_score": 0.05, "temperature": 1.5, "entity_bias": 0.5, "spans_key": "conf"}
 
 
 def test_settings_are_saved_and_overridden_at_load_time(tmp_path, nlp):
@@ -304,3 +329,45 @@ def test_calibrate_runs_as_a_command():
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "calibrate.py"), "--help"], capture_output=True,
                           text=True)
     assert done.returncode == 0 and "expected calibration error" in done.stdout.lower()
+
+
+# --- scripts/fit_bias.py -------------------------------------------------------------
+
+
+def test_fit_bias_chooses_on_dev_and_scores_test_as_spacy_evaluate_does(tmp_path, nlp):
+    from spacy.cli.evaluate import evaluate
+
+    spec = importlib.util.spec_from_file_location("fit_bias_script", ROOT / "scripts" / "fit_bias.py")
+    fit_bias = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fit_bias)
+    nlp.to_disk(tmp_path / "pipeline")
+    noisy_docbin(nlp, tmp_path / "dev.spacy", 30, seed=1)
+    noisy_docbin(nlp, tmp_path / "test.spacy", 30, seed=2)
+    biases = ["-2", "-0.5", "0.5", "1", "3"]
+    code = fit_bias.main([str(tmp_path / "pipeline"), str(tmp_path / "dev.spacy"), str(tmp_path / "test.spacy"),
+                          "--output", str(tmp_path / "bias.json"), "--biases", *biases,
+                          "--save-pipeline", str(tmp_path / "biased")])
+    assert code == 0
+    result = json.loads((tmp_path / "bias.json").read_text())
+    grid = {row["bias"]: row for row in result["dev_grid"]}
+    assert sorted(grid) == [-2.0, -0.5, 0.0, 0.5, 1.0, 3.0]  # the stored bias (0) is always tried
+    chosen = result["bias_chosen"]
+    assert grid[chosen]["f1"] == max(row["f1"] for row in grid.values())
+    assert len({row["r"] for row in grid.values()}) > 1  # the bias moved the entities
+    # Each score is spacy evaluate's, of the pipeline with that bias.
+    for bias, split, key in ((0.0, "test", "stored"), (chosen, "test", "chosen"), (chosen, "dev", "chosen")):
+        configured = spacy.load(tmp_path / "pipeline", config={"components": {"ner": {"entity_bias": bias}}})
+        configured.to_disk(tmp_path / "check")
+        expected = evaluate(str(tmp_path / "check"), tmp_path / f"{split}.spacy")
+        assert result[f"{split}_scores"][key]["f1"] == pytest.approx(100 * expected["ents_f"], abs=0.006)
+    biased = spacy.load(tmp_path / "biased")
+    assert biased.get_pipe("ner").entity_bias == chosen
+
+
+def test_fit_bias_refuses_a_bias_that_is_not_finite(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("fit_bias_script", ROOT / "scripts" / "fit_bias.py")
+    fit_bias = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fit_bias)
+    with pytest.raises(SystemExit):
+        fit_bias.main(["p", "dev.spacy", "test.spacy", "--output", str(tmp_path / "x.json"), "--biases", "1", "inf"])
+    assert "--biases must be finite numbers" in capsys.readouterr().err

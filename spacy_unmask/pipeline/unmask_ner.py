@@ -8,7 +8,9 @@ Viterbi decoding, so every predicted entity is a well-formed span.
 Each entity also gets a score: the probability, under the same constrained lattice,
 that exactly this span with this label is an entity (`marginals.py`). The scores go
 to `doc.spans[spans_key]` with `attrs["scores"]`, as spaCy's spancat does; entities
-scoring below `threshold` are left out of `doc.ents`.
+scoring below `threshold` are left out of `doc.ents`. `entity_bias` moves the decoding
+itself towards more entities (recall) or fewer (precision); `scripts/fit_bias.py` fits it
+on dev.
 """
 import math
 from itertools import islice
@@ -67,6 +69,7 @@ def TokenClassifier(tok2vec: Model[List[Doc], List[Floats2d]], dropout: float = 
         "threshold": 0.0,
         "candidates_min_score": None,
         "temperature": 1.0,
+        "entity_bias": 0.0,
         "loss": "cross_entropy",
         "scorer": {"@scorers": "spacy.ner_scorer.v1"},
     },
@@ -82,6 +85,7 @@ def make_unmask_ner(
     threshold: float = 0.0,
     candidates_min_score: Optional[float] = None,
     temperature: float = 1.0,
+    entity_bias: float = 0.0,
     loss: str = "cross_entropy",
 ):
     """Token-classification NER with constrained decoding and a score per entity.
@@ -96,13 +100,18 @@ def make_unmask_ner(
         probability is at least this.
     temperature (float): the logits are divided by it before the scores are computed
         (fitted by scripts/calibrate.py); it cannot change the decoded entities.
+    entity_bias (float): added to every entity tag's log-probability, at every token, in
+        Viterbi decoding only: above 0 the decoded entities grow in number and length
+        (recall up, precision down), below 0 they shrink; 0.0 decodes the model's most
+        probable valid path. The scores stay the model's probabilities (fitted by
+        scripts/fit_bias.py on dev).
     loss (str): "cross_entropy" (token-wise, the papers' loss) or "crf": the negative
         log-likelihood of the gold tag sequence over the constrained lattice that
         decoding uses (a linear-chain CRF without learned transitions; `crf.py`).
     """
     return UnmaskNER(
         nlp.vocab, model, name, scheme=scheme, scorer=scorer, spans_key=spans_key, threshold=threshold,
-        candidates_min_score=candidates_min_score, temperature=temperature, loss=loss,
+        candidates_min_score=candidates_min_score, temperature=temperature, entity_bias=entity_bias, loss=loss,
     )
 
 
@@ -129,6 +138,7 @@ class UnmaskNER(TrainablePipe):
         threshold: float = 0.0,
         candidates_min_score: Optional[float] = None,
         temperature: float = 1.0,
+        entity_bias: float = 0.0,
         loss: str = "cross_entropy",
     ):
         tag_names([], scheme)  # validates the scheme
@@ -151,6 +161,8 @@ class UnmaskNER(TrainablePipe):
         )
         self.temperature = require("temperature", temperature, is_number(temperature) and 0.0 < temperature < math.inf,
                                    "a positive finite number", where)
+        self.entity_bias = require("entity_bias", entity_bias, is_number(entity_bias) and math.isfinite(entity_bias),
+                                   "a finite number", where)
         self.loss = one_of("loss", loss, LOSSES, where)
         self._span_lattice: Optional[SpanLattice] = None
 
@@ -202,7 +214,7 @@ class UnmaskNER(TrainablePipe):
     def decode(self, logits: List[np.ndarray]) -> List[Prediction]:
         """Viterbi paths, entities and their probabilities from each doc's (tokens, tags) logits."""
         lattice = self._lattice()
-        paths = [viterbi(log_softmax(s), lattice.allowed, lattice.start, lattice.end) for s in logits]
+        paths = [viterbi(self._biased(log_softmax(s)), lattice.allowed, lattice.start, lattice.end) for s in logits]
         # The temperature cannot move the best valid path (it scales every path's summed
         # logits alike, and each token's log-softmax shifts all its tags alike), so only
         # the scores see it.
@@ -219,6 +231,12 @@ class UnmaskNER(TrainablePipe):
                 scores = np.concatenate([scores, found_scores[new]])
             predictions.append(Prediction(path, spans, scores, len(decoded.starts)))
         return predictions
+
+    def _biased(self, log_probs: np.ndarray) -> np.ndarray:
+        # Tag 0 is O (tag_names); the bias goes to every other tag, in place (a fresh array).
+        if self.entity_bias:
+            log_probs[:, 1:] += self.entity_bias
+        return log_probs
 
     def _lattice(self) -> SpanLattice:
         # Rebuilt when the labels or scheme change (add_label, or cfg restored by from_disk).
