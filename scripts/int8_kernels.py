@@ -1,6 +1,6 @@
 """One decoder block's seven products, bfloat16 or float32 against int8 (BENCHMARKS.md, "int8").
 
-    python scripts/int8_kernels.py [--pieces 2048] [--threads 2] [--dtype bfloat16] [--no-compile]
+    python scripts/int8_kernels.py [--pieces 2048] [--threads 2] [--dtype bfloat16] [--no-compile] [--onednn]
 
 Shapes are Gemma 3 270M's (hidden 640, q 1024, k/v 256, MLP 2048) for --pieces rows.
 For each product: `F.linear` in --dtype (bfloat16, or float32 as on CPUs without
@@ -10,6 +10,13 @@ one function and compiled by
 `torch.compile` (inductor fuses the quantise and rescale passes around the product; needs
 a C++ compiler; the compile time is printed); and `_int_mm` alone. Medians of 15 calls
 after two warm-ups, in ms. Pause other work on the machine first.
+
+--onednn adds oneDNN's packed int8 product alone (`onednn::qlinear_pointwise` on a weight
+packed once by `onednn::qlinear_prepack`, weight scales in its epilogue, output in
+--dtype): tried for `Int8Linear` and rejected (BENCHMARKS.md, "int8"): faster than
+bfloat16 on AMX, but ~14 s a product (a reference kernel) on AVX-512 BF16 CPUs without
+AMX, so there it takes hours. oneDNN's instruction set can be capped to stand for other
+CPU kinds, e.g. ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 or AVX2.
 """
 import argparse
 import statistics
@@ -39,12 +46,22 @@ def fused(rows, weight_t, weight_scale):
     return (torch._int_mm(q, weight_t).float() * (top / 127.0) * weight_scale).to(rows.dtype)
 
 
+def onednn_product(weight: torch.Tensor, weight_scale: torch.Tensor, dtype):
+    """q -> (q @ W^T) * weight_scale in `dtype`, W (out, in) int8 packed once by oneDNN."""
+    packed = torch.ops.onednn.qlinear_prepack(weight, None)
+    zero_points = torch.zeros(weight_scale.shape[0], dtype=torch.int64)
+    return lambda q: torch.ops.onednn.qlinear_pointwise(
+        q, 1.0, 0, packed, weight_scale, zero_points, None, 1.0, 0, dtype, "none", [], ""
+    )
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pieces", type=int, default=2048)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument("--onednn", action="store_true", help="also time oneDNN's packed int8 product")
     args = parser.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
@@ -68,6 +85,9 @@ def main():
             "int8 eager, no outlier channels": median_ms(lambda: no_outliers(x)),
             "_int_mm alone": median_ms(lambda: torch._int_mm(x.to(torch.int8), int8.weight_t)),
         }
+        if args.onednn:
+            product = onednn_product(int8.weight.contiguous(), int8.weight_scale, dtype)
+            row["oneDNN packed alone"] = median_ms(lambda: product(x.to(torch.int8)))
         if compiled is not None:
             row["int8 compiled"] = median_ms(lambda: compiled(x, int8.weight_t, int8.weight_scale))
         print(f"{args.pieces} x {n_in} -> {n_out} (x{count}):", {k: round(v, 2) for k, v in row.items()})
