@@ -1,6 +1,6 @@
 """One decoder block's seven products, bfloat16 or float32 against int8 (BENCHMARKS.md, "int8").
 
-    python scripts/int8_kernels.py [--pieces 2048] [--threads 2] [--dtype bfloat16] [--no-compile] [--onednn]
+    python scripts/int8_kernels.py [--pieces 2048] [--threads 2] [--dtype bfloat16] [--no-compile] [--rejected onednn weight-only]
 
 Shapes are Gemma 3 270M's (hidden 640, q 1024, k/v 256, MLP 2048) for --pieces rows.
 For each product: `F.linear` in --dtype (bfloat16, or float32 as on CPUs without
@@ -11,12 +11,14 @@ one function and compiled by
 a C++ compiler; the compile time is printed); and `_int_mm` alone. Medians of 15 calls
 after two warm-ups, in ms. Pause other work on the machine first.
 
---onednn adds oneDNN's packed int8 product alone (`onednn::qlinear_pointwise` on a weight
+--rejected adds products tried for `Int8Linear` and not kept (BENCHMARKS.md, "int8"),
+each alone: `onednn`, oneDNN's packed int8 product (`onednn::qlinear_pointwise` on a weight
 packed once by `onednn::qlinear_prepack`, weight scales in its epilogue, output in
---dtype): tried for `Int8Linear` and rejected (BENCHMARKS.md, "int8"): faster than
-bfloat16 on AMX, but ~14 s a product (a reference kernel) on AVX-512 BF16 CPUs without
-AMX, so there it takes hours. oneDNN's instruction set can be capped to stand for other
-CPU kinds, e.g. ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 or AVX2.
+--dtype; faster than bfloat16 on AMX, but ~14 s a product, a reference kernel, on AVX-512
+BF16 CPUs without AMX, so there it takes hours) and `weight-only`, weight-only int8
+(`torch._weight_int8pack_mm`: activations stay in --dtype, the weight is widened in the
+kernel). oneDNN's instruction set can be capped to stand for other CPU kinds, e.g.
+ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 or AVX2.
 """
 import argparse
 import statistics
@@ -61,7 +63,8 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     parser.add_argument("--no-compile", action="store_true")
-    parser.add_argument("--onednn", action="store_true", help="also time oneDNN's packed int8 product")
+    parser.add_argument("--rejected", nargs="+", default=[], choices=["onednn", "weight-only"],
+                        help="also time these int8 products, tried and not kept")
     args = parser.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
@@ -85,9 +88,12 @@ def main():
             "int8 eager, no outlier channels": median_ms(lambda: no_outliers(x)),
             "_int_mm alone": median_ms(lambda: torch._int_mm(x.to(torch.int8), int8.weight_t)),
         }
-        if args.onednn:
+        if "onednn" in args.rejected:
             product = onednn_product(int8.weight.contiguous(), int8.weight_scale, dtype)
             row["oneDNN packed alone"] = median_ms(lambda: product(x.to(torch.int8)))
+        if "weight-only" in args.rejected:
+            weight_only = (int8.weight.contiguous(), int8.weight_scale.to(dtype))
+            row["weight-only int8"] = median_ms(lambda: torch._weight_int8pack_mm(x, *weight_only))
         if compiled is not None:
             row["int8 compiled"] = median_ms(lambda: compiled(x, int8.weight_t, int8.weight_scale))
         print(f"{args.pieces} x {n_in} -> {n_out} (x{count}):", {k: round(v, 2) for k, v in row.items()})
