@@ -14,8 +14,8 @@ after two warm-ups, in ms. Pause other work on the machine first.
 --rejected adds products tried for `Int8Linear` and not kept (BENCHMARKS.md, "int8"),
 each alone: `onednn`, oneDNN's packed int8 product (`onednn::qlinear_pointwise` on a weight
 packed once by `onednn::qlinear_prepack`, weight scales in its epilogue, output in
---dtype; faster than bfloat16 on AMX, but ~14 s a product, a reference kernel, on AVX-512
-BF16 CPUs without AMX, so there it takes hours) and `weight-only`, weight-only int8
+--dtype; faster than bfloat16 on AMX, but seconds a product, a reference kernel, on
+AVX-512 BF16 CPUs without AMX, so there take --pieces 64) and `weight-only`, weight-only int8
 (`torch._weight_int8pack_mm`: activations stay in --dtype, the weight is widened in the
 kernel). oneDNN's instruction set can be capped to stand for other CPU kinds, e.g.
 ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 or AVX2.
