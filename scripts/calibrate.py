@@ -1,6 +1,6 @@
 """How well unmask_ner's entity scores are calibrated, and a temperature that improves them.
 
-    python scripts/calibrate.py training/conll03/all/model-best corpus/conll03/dev.spacy \
+    python -m scripts.calibrate training/conll03/all/model-best corpus/conll03/dev.spacy \
         corpus/conll03/test.spacy --output metrics/conll03/calibration --fit-temperature
 
 An entity's score is the probability the model gives to exactly that span with that

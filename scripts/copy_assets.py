@@ -1,6 +1,6 @@
 """Put the project.yml assets in place without the internet, then check their MD5.
 
-    python scripts/copy_assets.py --shared ../shared/data --only assets/conll2003
+    python -m scripts.copy_assets --shared ../shared/data --only assets/conll2003
 
 For every asset in project.yml whose `dest` starts with --only: if the file is there
 with the right checksum, nothing is done; else it is copied from the offline copy

@@ -1,6 +1,6 @@
 """Fit unmask_ner's `entity_bias` on dev: how far decoding leans towards recall.
 
-    python scripts/fit_bias.py training/wnut17/model-best corpus/wnut17/dev.spacy \
+    python -m scripts.fit_bias training/wnut17/model-best corpus/wnut17/dev.spacy \
         corpus/wnut17/test.spacy --output metrics/wnut17/bias.json \
         --save-pipeline training/wnut17/model-best-biased
 
@@ -22,8 +22,6 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 
 DEFAULT_BIASES = [round(-1.0 + 0.25 * i, 2) for i in range(21)]  # -1 ... 4
 
@@ -53,7 +51,7 @@ def run(pipeline: str, dev_path: Path, test_path: Path, output: Path, *, biases:
     import spacy
     from spacy.cli._util import setup_gpu
 
-    from calibrate import find_component, read_split
+    from scripts.calibrate import find_component, read_split
 
     setup_gpu(gpu_id, silent=True)
     nlp = spacy.load(pipeline)

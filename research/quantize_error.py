@@ -1,6 +1,6 @@
-"""How far int8 moves the decoder's last hidden states, scheme by scheme (BENCHMARKS.md, "int8").
+"""How far int8 moves the decoder's last hidden states, scheme by scheme (docs/speed.md).
 
-    python scripts/quantize_error.py --model gemma3-270m --num-layers -6 --data corpus/conll03/dev.spacy
+    python -m research.quantize_error --model gemma3-270m --num-layers -6 --data corpus/conll03/dev.spacy
 
 On the first 48 docs of --data, against float32: relative error (Frobenius) and the
 cosine of each token's vector, min and mean, for

@@ -13,7 +13,7 @@ pieces (docs short enough for one window are "uncut"), and by distance from the
 nearest edge of the token's sentence, in tokens: errors that pile up next to
 cuts point at the stitching, errors spread evenly point at the model.
 
-    python scripts/length_probe.py training/conll03/all/model-best corpus/conll03-doc/dev.spacy \\
+    python -m research.length_probe training/conll03/all/model-best corpus/conll03-doc/dev.spacy \\
         --groups 1,10,doc --override window=64 --override stride=32 --output metrics/x.json
 """
 import argparse

@@ -1,6 +1,6 @@
-"""One decoder block's seven products, bfloat16 or float32 against int8 (BENCHMARKS.md, "int8").
+"""One decoder block's seven products, bfloat16 or float32 against int8 (docs/speed.md).
 
-    python scripts/int8_kernels.py [--pieces 2048] [--threads 2] [--dtype bfloat16] [--no-compile] [--rejected onednn weight-only]
+    python -m research.int8_kernels [--pieces 2048] [--threads 2] [--dtype bfloat16] [--no-compile] [--rejected onednn weight-only]
 
 Shapes are Gemma 3 270M's (hidden 640, q 1024, k/v 256, MLP 2048) for --pieces rows.
 For each product: `F.linear` in --dtype (bfloat16, or float32 as on CPUs without
@@ -11,7 +11,7 @@ one function and compiled by
 a C++ compiler; the compile time is printed); and `_int_mm` alone. Medians of 15 calls
 after two warm-ups, in ms. Pause other work on the machine first.
 
---rejected adds products tried for `Int8Linear` and not kept (BENCHMARKS.md, "int8"),
+--rejected adds products tried for `Int8Linear` and not kept (docs/speed.md),
 each alone: `onednn`, oneDNN's packed int8 product (`onednn::qlinear_pointwise` on a weight
 packed once by `onednn::qlinear_prepack`, weight scales in its epilogue, output in
 --dtype; faster than bfloat16 on AMX, but seconds a product, a reference kernel, on

@@ -1,6 +1,6 @@
-"""Accuracy, calibration and speed of one saved pipeline at each precision (issue #32).
+"""Accuracy, calibration and speed of one saved pipeline at each precision (docs/speed.md).
 
-    python scripts/quantize_eval.py training/conll03/recipe/all-seed0/model-best \
+    python -m research.quantize_eval training/conll03/recipe/all-seed0/model-best \
         --corpus conll03 --data corpus/conll03/test.spacy corpus/conll03/test.doc.spacy \
         --modes float32 bfloat16 int8 --rounds 3
 
@@ -25,8 +25,6 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 
 MODES = {
     "float32": {"dtype": "float32", "quantize": "none"},
@@ -56,7 +54,7 @@ def split_name(path: Path) -> str:
 def accuracy(nlp, path: Path) -> dict:
     import numpy as np
 
-    from calibrate import calibration, find_component, read_split
+    from scripts.calibrate import calibration, find_component, read_split
 
     name, ner = find_component(nlp)
     split = read_split(nlp, name, path, batch_size=64)
@@ -144,7 +142,7 @@ def main(argv=None) -> int:
             print(f"{args.corpus} {split} words/s: {speed}", flush=True)
             results.setdefault("words_per_s", {}).setdefault(f"{args.corpus}/{split}", {}).update(speed)
         results.setdefault("commands", [])
-        command = "python scripts/quantize_eval.py " + " ".join(sys.argv[1:] if argv is None else argv)
+        command = "python -m research.quantize_eval " + " ".join(sys.argv[1:] if argv is None else argv)
         if command not in results["commands"]:
             results["commands"].append(command)
     output.parent.mkdir(parents=True, exist_ok=True)

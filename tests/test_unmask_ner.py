@@ -1,5 +1,6 @@
 """The unmask_ner component and the shipped configs, trained on tiny models; training on
-odd and long documents, `spacy train`, training that goes wrong, determinism."""
+odd and long documents, `spacy train`, training that goes wrong, determinism; entity scores
+(doc.spans, threshold, candidates, temperature) and the entity bias of its decoding."""
 import json
 import math
 import os
@@ -13,10 +14,14 @@ import pytest
 import spacy
 import torch
 from spacy.tokens import DocBin
-from spacy.training import Example
+from spacy.training import Example, biluo_tags_to_spans
 from thinc.api import Adam, Config, fix_random_seed
 
 from spacy_unmask import get_backbone
+from spacy_unmask.pipeline.marginals import SpanLattice
+from spacy_unmask.pipeline.unmask_ner import log_softmax
+from spacy_unmask.pipeline.viterbi import transition_rules, viterbi
+from test_marginals import brute_force
 from tiny_models import (
     ODD_TEXTS,
     STRIDE,
@@ -468,3 +473,237 @@ def test_training_is_deterministic_with_a_fixed_seed(normalizer_dirs):
     assert any(lora_a[k].abs().sum() > 0 for k in lora_a if "lora_B" in k)  # training moved LoRA
     lora_c, _ = seeded_run(model_dir, 1)
     assert any(not torch.equal(lora_a[k], lora_c[k]) for k in lora_a)  # the seed matters
+
+
+# --- entity scores, threshold, candidates, temperature, entity bias -------------------
+
+
+HOSTILE = [
+    "", " ", "\n\n", "x", "Brussels", "😀 👨\u200d👩\u200d👧 🇩🇪 Peter visited Berlin😀",
+    "東京は日本の首都です。 Brussels", "مرحبا \u200fPeter\u202e Brussels\u202c", "e\u0301 a\u0300\u0301 Z\u0351",
+    "Peter\x00Blackburn \x07 \x1b[31mred\x1b[0m \ufeff end\x7f", "x" * 300, "Brussels . " * 150,
+]
+DEFAULTS = {"threshold": 0.0, "candidates_min_score": None, "temperature": 1.0, "entity_bias": 0.0, "spans_key": "ner"}
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_dirs):
+    nlp = tiny_nlp(CONFIGS[0], tiny_dirs("llama", "metaspace"))
+    train(nlp, make_examples(nlp, n=20), steps=25)
+    return nlp
+
+
+@pytest.fixture
+def nlp(trained):
+    """The trained pipeline, its ner settings back at their defaults after each test."""
+    yield trained
+    for setting, value in DEFAULTS.items():
+        setattr(trained.get_pipe("ner"), setting, value)
+
+
+def group_of(doc, key="ner"):
+    group = doc.spans[key]
+    return [(s.start, s.end, s.label_) for s in group], np.asarray(group.attrs["scores"])
+
+
+def ents_of(doc):
+    return [(e.start, e.end, e.label_) for e in doc.ents]
+
+
+def test_the_span_group_holds_the_entities_with_their_probabilities(nlp):
+    docs = list(nlp.pipe(TEXTS))
+    assert sum(len(doc.ents) for doc in docs) >= 4
+    for doc in docs:
+        spans, scores = group_of(doc)
+        assert spans == ents_of(doc) and len(scores) == len(spans)
+        assert ((scores > 0) & (scores <= 1)).all()
+
+
+@pytest.mark.parametrize("text", ["EU rejects German call", "Peter Blackburn said"])
+def test_scores_and_candidates_are_the_probabilities_over_every_valid_tag_sequence(nlp, text):
+    ner = nlp.get_pipe("ner")
+    ner.candidates_min_score = 0.01
+    doc = nlp.make_doc(text)
+    log_probs = log_softmax(ner.logits([doc])[0].astype(np.float64))
+    lattice = SpanLattice(ner.tags, "BILUO")
+    expected = {(s, e, lattice.labels[x]): p for (s, e, x), p in brute_force(lattice, log_probs).items()}
+    doc = nlp(text)
+    spans, scores = group_of(doc)
+    assert len(spans) > len(doc.ents)  # candidates came with the entities
+    for span, score in zip(spans, scores):
+        assert score == pytest.approx(expected.get(span, 0.0), rel=1e-6, abs=1e-12)
+    assert {s for s, p in zip(spans, scores) if p >= 0.01} == {s for s, p in expected.items() if p >= 0.01}
+
+
+def test_a_bio_pipeline_scores_its_spans_over_the_bio_lattice(tiny_dirs):
+    nlp = spacy.blank("en")
+    config = {"model": {"tok2vec": {"name": tiny_dirs("llama", "metaspace"), "dtype": "float32"}},
+              "scheme": "BIO", "candidates_min_score": 0.02}
+    ner = nlp.add_pipe("unmask_ner", name="ner", config=config)
+    examples = make_examples(nlp, n=8)
+    nlp.initialize(lambda: examples)
+    text = "EU rejects German call"
+    log_probs = log_softmax(ner.logits([nlp.make_doc(text)])[0].astype(np.float64))
+    lattice = SpanLattice(ner.tags, "BIO")
+    expected = {(s, e, lattice.labels[x]): p for (s, e, x), p in brute_force(lattice, log_probs).items()}
+    spans, scores = group_of(nlp(text))
+    assert spans and {s for s, p in expected.items() if p >= 0.02} <= set(spans)
+    for span, score in zip(spans, scores):
+        assert score == pytest.approx(expected.get(span, 0.0), rel=1e-6, abs=1e-12)
+
+
+def old_decoding(nlp, texts):
+    """doc.ents as unmask_ner set them before entities had scores: Viterbi, then the tags' spans."""
+    ner = nlp.get_pipe("ner")
+    docs = [nlp.make_doc(t) for t in texts]
+    rules = transition_rules(ner.tags, "BILUO")
+    out = []
+    for doc, logits in zip(docs, ner.logits(docs)):
+        tags = [ner.tags[i] for i in viterbi(log_softmax(logits), *rules)]
+        doc.ents = biluo_tags_to_spans(doc, tags)
+        out.append([(t.ent_iob_, t.ent_type_) for t in doc])
+    return out
+
+
+def test_threshold_0_changes_nothing_even_with_candidates_and_a_temperature(nlp):
+    texts = TEXTS + HOSTILE
+    expected = old_decoding(nlp, texts)
+    assert any(tag != ("O", "") for doc in expected for tag in doc)
+    assert [[(t.ent_iob_, t.ent_type_) for t in doc] for doc in nlp.pipe(texts)] == expected
+    ner = nlp.get_pipe("ner")
+    ner.candidates_min_score, ner.temperature = 0.01, 2.5
+    assert [[(t.ent_iob_, t.ent_type_) for t in doc] for doc in nlp.pipe(texts)] == expected
+
+
+def test_the_threshold_leaves_low_scores_out_of_doc_ents_but_in_the_group(nlp):
+    ner = nlp.get_pipe("ner")
+    before = [group_of(doc) for doc in nlp.pipe(TEXTS)]
+    ner.threshold = 1.0
+    docs = list(nlp.pipe(TEXTS))
+    assert all(doc.ents == () for doc in docs)
+    for doc, (spans, scores) in zip(docs, before):
+        assert group_of(doc)[0] == spans and np.array_equal(group_of(doc)[1], scores)
+    all_scores = np.concatenate([scores for _, scores in before])
+    ner.threshold = float(np.median(all_scores))
+    for doc, (spans, scores) in zip(nlp.pipe(TEXTS), before):
+        assert ents_of(doc) == [s for s, p in zip(spans, scores) if p >= ner.threshold]
+    assert 0 < sum(len(doc.ents) for doc in nlp.pipe(TEXTS)) < len(all_scores)
+
+
+def test_a_temperature_moves_the_scores_and_never_the_entities(nlp):
+    ner = nlp.get_pipe("ner")
+    before = [(ents_of(doc), group_of(doc)[1]) for doc in nlp.pipe(TEXTS)]
+    ner.temperature = 3.0
+    after = [(ents_of(doc), group_of(doc)[1]) for doc in nlp.pipe(TEXTS)]
+    assert [e for e, _ in after] == [e for e, _ in before]
+    assert not np.allclose(np.concatenate([s for _, s in after]), np.concatenate([s for _, s in before]))
+
+
+def test_an_entity_bias_moves_the_entities_and_never_the_scores(nlp):
+    ner = nlp.get_pipe("ner")
+    texts = TEXTS + HOSTILE
+    plain = [dict(zip(*group_of(doc))) for doc in nlp.pipe(texts)]
+    ner.entity_bias = 50.0  # every token's entity tags far above O: every token in an entity
+    docs = list(nlp.pipe(texts))
+    assert all(token.ent_iob_ in ("B", "I") for doc in docs for token in doc)
+    moved = 0
+    for before, doc in zip(plain, docs):
+        spans, scores = group_of(doc)
+        assert set(ents_of(doc)) == set(spans)
+        for span, score in zip(spans, scores):
+            if span in before:  # the same span scores the same: the bias is not in the scores
+                assert score == pytest.approx(before[span], abs=1e-12)
+            else:
+                moved += 1
+    assert moved > 0
+    ner.entity_bias = -50.0
+    assert all(doc.ents == () for doc in nlp.pipe(texts))
+    ner.entity_bias = 0.0
+    assert [dict(zip(*group_of(doc))) for doc in nlp.pipe(texts)] == plain
+
+
+def test_empty_one_token_and_hostile_texts_get_a_group(nlp):
+    nlp.get_pipe("ner").candidates_min_score = 0.05
+    docs = list(nlp.pipe(HOSTILE, batch_size=4))
+    assert sum(len(doc.spans["ner"]) for doc in docs) > 0
+    for doc in docs:
+        spans, scores = group_of(doc)
+        assert len(scores) == len(spans) and np.isfinite(scores).all()
+        assert ((scores >= 0) & (scores <= 1)).all()
+        assert set(ents_of(doc)) <= set(spans)
+        assert all(p >= 0.05 for s, p in zip(spans, scores) if s not in ents_of(doc))
+    copies = list(DocBin(docs=docs).from_bytes(DocBin(docs=docs).to_bytes()).get_docs(nlp.vocab))
+    for doc, copy in zip(docs, copies):
+        assert group_of(copy)[0] == group_of(doc)[0] and np.array_equal(group_of(copy)[1], group_of(doc)[1])
+
+
+@pytest.mark.parametrize("setting,value,accepted", [
+    ("threshold", 1.5, "a number from 0 to 1"),
+    ("threshold", -0.1, "a number from 0 to 1"),
+    ("candidates_min_score", 0.0, "null .off. or a number above 0, at most 1"),
+    ("temperature", 0.0, "a positive finite number"),
+    ("temperature", -2.0, "a positive finite number"),
+    ("spans_key", "", "a non-empty string"),
+    ("entity_bias", "inf", "a finite number"),
+])
+def test_bad_settings_are_refused_by_name(setting, value, accepted):
+    with pytest.raises(ValueError, match=rf"\[unmask_ner\] {setting} .*: must be {accepted}"):
+        spacy.blank("en").add_pipe("unmask_ner", config={setting: value})
+
+
+def test_spacy_evaluate_scores_are_unchanged_by_the_new_settings(nlp):
+    examples = make_examples(nlp, n=12, seed=3)
+    plain = nlp.evaluate(examples)
+    ner = nlp.get_pipe("ner")
+    ner.candidates_min_score, ner.temperature, ner.spans_key = 0.01, 2.0, "sc"
+    scored = nlp.evaluate(examples)
+    plain.pop("speed"), scored.pop("speed")
+    assert scored == plain and plain["ents_f"] > 0.5
+
+
+SETTINGS = {"threshold": 0.3, "candidates_min_score": 0.05, "temperature": 1.5, "entity_bias": 0.5, "spans_key": "conf"}
+
+
+def test_settings_are_saved_and_overridden_at_load_time(tmp_path, nlp):
+    nlp.to_disk(tmp_path / "plain")
+    configured = spacy.load(tmp_path / "plain", config={"components": {"ner": SETTINGS}})
+    configured.to_disk(tmp_path / "configured")
+    loaded = spacy.load(tmp_path / "configured")
+    assert {k: getattr(loaded.get_pipe("ner"), k) for k in SETTINGS} == SETTINGS
+    expected = [(ents_of(doc), *group_of(doc, "conf")) for doc in configured.pipe(TEXTS)]
+    got = [(ents_of(doc), *group_of(doc, "conf")) for doc in loaded.pipe(TEXTS)]
+    for (e1, s1, p1), (e2, s2, p2) in zip(expected, got):
+        assert e1 == e2 and s1 == s2 and np.array_equal(p1, p2)
+    strict = spacy.load(tmp_path / "configured", config={"components": {"ner": {"threshold": 1.0}}})
+    docs = list(strict.pipe(TEXTS))
+    assert all(doc.ents == () for doc in docs) and sum(len(doc.spans["conf"]) for doc in docs) > 0
+
+
+def test_a_pipeline_saved_before_the_settings_existed_loads_with_the_defaults(tmp_path, nlp):
+    nlp.to_disk(tmp_path / "old")
+    config = spacy.util.load_config(tmp_path / "old" / "config.cfg")
+    for setting in DEFAULTS:
+        del config["components"]["ner"][setting]
+    config.to_disk(tmp_path / "old" / "config.cfg")
+    ner = spacy.load(tmp_path / "old").get_pipe("ner")
+    assert {k: getattr(ner, k) for k in DEFAULTS} == DEFAULTS
+
+
+def test_scores_survive_a_fresh_process(tmp_path, nlp):
+    nlp.to_disk(tmp_path / "plain")
+    spacy.load(tmp_path / "plain", config={"components": {"ner": SETTINGS}}).to_disk(tmp_path / "pipeline")
+    expected = [[[list(s) for s in spans], scores.tolist()]
+                for spans, scores in (group_of(doc, "conf") for doc in spacy.load(tmp_path / "pipeline").pipe(TEXTS))]
+    assert any(scores for _, scores in expected)
+    script = (
+        "import json, spacy\n"
+        f"nlp = spacy.load({str(tmp_path / 'pipeline')!r})\n"
+        "out = [[[[s.start, s.end, s.label_] for s in d.spans['conf']], list(map(float, d.spans['conf'].attrs['scores']))]"
+        f" for d in nlp.pipe({TEXTS!r})]\n"
+        "print(json.dumps(out))\n"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True)
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert [spans for spans, _ in got] == [spans for spans, _ in expected]
+    np.testing.assert_allclose(sum((s for _, s in got), []), sum((s for _, s in expected), []), rtol=1e-6)
