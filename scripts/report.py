@@ -14,8 +14,8 @@ training). Runs named `<name>-seed<N>` are also gathered per name:
 `metrics/<corpus>/summary.json` maps each name to {"mean_f", "std_f", "seeds",
 "f", "doc_mean_f", "doc_std_f", "train_minutes", "dev_best_f"} (F1 in percent; std
 is the sample standard deviation, null for one seed, which has no spread; dev_best_f: the
-best dev F1 of each seed's curve, averaged). SUMMARY.md ends with the goals of the quality
-issue, judged from these means: each unmasked run (`<prefix>all`) against its causal twin (`<prefix>none`;
+best dev F1 of each seed's curve, averaged). SUMMARY.md ends with the comparisons the
+results rest on, judged from these means: each unmasked run (`<prefix>all`) against its causal twin (`<prefix>none`;
 the gap must exceed three standard deviations) and against the baselines (cnn, minilm),
 on sentences and on whole documents. Writes `metrics/<corpus>/SUMMARY.md`, summary.json and, where
 runs have dev curves, curves.png (dev F1 against step, one line per seed), and prints
@@ -116,7 +116,7 @@ def spread(values: List[float]) -> Optional[float]:
 
 
 def comparisons(runs: Dict[str, dict], seeds: Dict[str, dict]) -> List[str]:
-    """Markdown rows for the issue's goals, one set per unmasked run name (`<prefix>all`):
+    """Markdown rows for the comparisons, one set per unmasked run name (`<prefix>all`):
     against its causal twin (`<prefix>none`), on sentences and on whole documents, the gap
     in mean F1 must exceed three standard deviations (the larger of the two runs' spreads
     over seeds; judged only with two or more seeds of each); against each baseline (cnn,

@@ -1,5 +1,5 @@
-"""spacy_unmask/annotate/local.py: the local engine on a tiny trained pipeline (issue #15),
-resuming, and refusing to resume on a changed pipeline (issue #31)."""
+"""spacy_unmask/annotate/local.py: the local engine on a tiny trained pipeline,
+resuming, and refusing to resume on a changed pipeline."""
 import json
 import shutil
 import sys

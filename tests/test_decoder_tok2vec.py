@@ -1,4 +1,4 @@
-"""DecoderTok2Vec in a pipeline, on what users feed it (issue #6): odd text, long
+"""DecoderTok2Vec in a pipeline, on what users feed it: odd text, long
 documents, batches and processes, and random tokens and text (fuzzing).
 
 Everything runs on the tiny Llama-style decoders of `tiny_models`, with both tokenizer

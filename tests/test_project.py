@@ -149,7 +149,7 @@ def test_shipped_corpora_have_attribution():
 def test_scripts_run_as_modules_and_never_edit_the_import_path():
     for path in sorted((ROOT / "scripts").glob("*.py")) + sorted((ROOT / "research").glob("*.py")):
         assert "sys.path" not in path.read_text(encoding="utf8"), path
-    for module in ("convert_corpus", "report", "seqeval_check", "runs", "timed", "copy_assets"):
+    for module in ("convert_corpus", "report", "seqeval_check", "runs", "timed", "copy_assets", "results"):
         module = f"scripts.{module}"
         done = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, cwd=ROOT)
         assert done.returncode == 0 and "usage" in done.stdout.lower(), module + done.stderr[-2000:]

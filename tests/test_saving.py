@@ -282,7 +282,7 @@ def test_config_asking_for_remote_code_needs_the_callers_opt_in(model_dir, tmp_p
     assert nlp("Peter Blackburn visited Brussels .") is not None
 
 
-# --- saved pipelines that users break (from the robustness suite, issue #6) -----------
+# --- saved pipelines that users break -----------
 
 def broken_copy(saved, tmp_path, mutate):
     target = tmp_path / "broken"
