@@ -10,12 +10,14 @@ tokens). Its settings are the pipeline's `BackboneSettings` object itself.
 import os
 from contextlib import nullcontext
 from functools import partial
+from pathlib import Path
 from typing import List, Optional, Tuple
 
 import torch
 import transformers
 from torch import nn
 
+from .base_model import base_record
 from .pooling import pool_pieces
 from .windows import PieceBatch, plan_batch
 from .fused import fuse_rms_norms
@@ -95,22 +97,28 @@ class Backbone(nn.Module):
         # With `quantize` set, prediction swaps the linear layers for int8 ones (from the
         # unmerged weights); the originals come back the same way.
         self._unquantized = None
+        # Adapter mode: the digest (and hub revision) of the base, saved with the LoRA weights.
+        self.base_record: Optional[dict] = None
 
     @classmethod
     def load(cls, settings: BackboneSettings) -> "Backbone":
         """Load the decoder named in the settings and add LoRA (a fresh adapter)."""
         model, tokenizer = _load_base(settings)
-        return cls._make(apply_finetuning(model, settings), tokenizer, settings)
+        backbone = cls._make(apply_finetuning(model, settings), tokenizer, settings)
+        if settings.save_mode == "adapter":
+            backbone.base_record = base_record(settings.name)
+        return backbone
 
     @classmethod
-    def rebuild(cls, settings: BackboneSettings, config, tokenizer, state: dict) -> "Backbone":
+    def rebuild(cls, settings: BackboneSettings, config, tokenizer, state: dict, base: Optional[Path] = None) -> "Backbone":
         """A saved backbone: the architecture from `config` (or, in adapter mode, the base
-        model from `settings.name`) and the saved weights in `state`."""
+        model from the directory `base`, found and checked by `base_model.verified_base`)
+        and the saved weights in `state`."""
         if settings.save_mode == "full":
             weights_dtype, _ = resolve_dtypes(settings.dtype, settings.finetune)
             model = decoder_from_config(config, attn_implementation=settings.attn_implementation, dtype=weights_dtype)
         else:
-            model, tokenizer = _load_base(settings)
+            model, _ = _load_base(settings, str(base))
         model = apply_finetuning(model, settings)
         missing, unexpected = model.load_state_dict(state, strict=False)
         if settings.save_mode == "adapter":
@@ -287,12 +295,14 @@ class Backbone(nn.Module):
         return super()._apply(fn, *args, **kwargs)
 
 
-def _load_base(settings: BackboneSettings):
-    """The base decoder named in the settings (cut to `num_layers`) and its tokenizer."""
+def _load_base(settings: BackboneSettings, name: Optional[str] = None):
+    """The base decoder `name` (default: the one named in the settings), cut to
+    `num_layers`, and its tokenizer."""
+    name = name or settings.name
     weights_dtype, _ = resolve_dtypes(settings.dtype, settings.finetune)
-    config = load_config(settings.name, trust_remote_code=settings.trust_remote_code, num_layers=settings.num_layers)
+    config = load_config(name, trust_remote_code=settings.trust_remote_code, num_layers=settings.num_layers)
     return load_decoder(
-        settings.name,
+        name,
         config,
         attn_implementation=settings.attn_implementation,
         dtype=weights_dtype,

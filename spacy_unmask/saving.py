@@ -5,46 +5,44 @@ private temporary directory and never runs code from it:
 
 - no pickle anywhere: the weights are safetensors, checked against their SHA-256
   (required), the config is JSON read into the class of a supported family
-  directly (never through `auto_map`), and the tokenizer is its own data files;
-- every tokenizer file name is a plain base name with a data suffix, checked
-  before anything is written (no separator, no "..", not absolute, no NUL, no
-  Python file), and no tokenizer config may point at code (`auto_map`);
+  directly (never through `auto_map`), its declared sizes bounded and checked
+  against the weights' shapes before anything is built (`saved_shapes.py`), and
+  the tokenizer is built in memory from its data (`saved_tokenizer.py`);
+- every tokenizer file name is a plain base name with a data suffix;
 - a pipeline whose config asks for `trust_remote_code` is refused unless the
-  caller opts in (`TRUST_REMOTE_CODE_ENV`), so a shared config cannot switch it on.
+  caller opts in (`opt_ins.py`), so a shared config cannot switch it on;
+- whatever fails while reading it is an `UnsafePipelineError` naming the field.
 
 Saving is reproducible: no path of the saving machine is written (the config's
 `_name_or_path`), so load -> predict -> save gives the same bytes. Non-finite
 weights (a diverged run) are never written. In adapter mode only the LoRA
-weights are stored and the base model is loaded again from the setting `name`.
+weights are stored, with the digest of the base they were trained on; the base is
+loaded again from the setting `name` and checked against it (`base_model.py`).
 """
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
-from typing import Dict
 
+from .opt_ins import UnsafePipelineError, require_remote_code_opt_in
 from .settings import BackboneSettings
 
 FORMAT = 1
 MAX_BYTES = 2**32 - 2**20  # spaCy writes each component's model as one msgpack value
-# The caller's explicit opt-in to a saved pipeline that asks for trust_remote_code.
-TRUST_REMOTE_CODE_ENV = "SPACY_UNMASK_TRUST_REMOTE_CODE"
-# What a tokenizer's save_pretrained writes: JSON, SentencePiece models, vocabularies,
-# chat templates. Nothing else is written out of a saved pipeline.
+# The names of saved tokenizer files (pipelines saved with save_pretrained's files too):
+# JSON, SentencePiece models, vocabularies, chat templates.
 TOKENIZER_SUFFIXES = (".json", ".model", ".txt", ".jinja")
+MAX_FILE_NAME = 128
 # Keys of the saved decoder config that name a place on the saving machine.
 MACHINE_KEYS = ("_name_or_path",)
-
-
-class UnsafePipelineError(ValueError):
-    """A saved pipeline that is damaged or hostile: refused before anything is written or run."""
 
 
 def backbone_to_bytes(backbone) -> bytes:
     import srsly
     import torch
     from safetensors.torch import save as save_tensors
+
+    from .saved_tokenizer import tokenizer_data
 
     if backbone is None:
         raise ValueError("cannot save an uninitialised decoder backbone: call nlp.initialize() first")
@@ -61,10 +59,12 @@ def backbone_to_bytes(backbone) -> bytes:
     msg = {
         "format": FORMAT,
         "config": config_json(backbone.model.config),
-        "tokenizer": tokenizer_files(backbone.tokenizer),
+        "tokenizer": tokenizer_data(backbone.tokenizer),
         "weights": weights,
         "sha256": hashlib.sha256(weights).hexdigest(),
     }
+    if backbone.settings.save_mode == "adapter":
+        msg["base"] = backbone.base_record
     return srsly.msgpack_dumps(msg)
 
 
@@ -77,30 +77,54 @@ def config_json(config) -> str:
 
 
 def backbone_from_bytes(data: bytes, settings: BackboneSettings, device):
+    require_remote_code_opt_in(settings.trust_remote_code)
+    msg = read_message(data)
+    try:
+        backbone = rebuild(msg, settings)
+    except UnsafePipelineError:
+        raise
+    except Exception as err:  # whatever else a forged message makes torch or transformers raise
+        raise UnsafePipelineError(
+            f"the saved decoder backbone is damaged or hostile: it does not rebuild ({type(err).__name__})"
+        ) from None
+    backbone.loaded_sha256 = loaded_digest(msg)
+    return backbone.to(device)
+
+
+def rebuild(msg: dict, settings: BackboneSettings):
+    """The backbone of a checked message: sizes checked before anything is built."""
     from safetensors.torch import load as load_tensors
 
     from .backbone import Backbone
+    from .base_model import verified_base
+    from .saved_shapes import check_against_weights
+    from .saved_tokenizer import check_fits, tokenizer_from_data
 
-    check_remote_code_opt_in(settings)
-    msg = read_message(data)
     try:
         state = load_tensors(msg["weights"])
-    except Exception as err:  # a truncated or forged safetensors header
-        raise UnsafePipelineError(f"the saved decoder weights are unreadable (truncated or corrupted?): {err}") from err
+    except Exception:  # a truncated or forged safetensors header
+        raise UnsafePipelineError("the saved decoder weights (field 'weights') are unreadable (truncated or corrupted?)") from None
     config = config_from_json(msg["config"])
-    tokenizer = tokenizer_from_files(msg["tokenizer"])
-    return Backbone.rebuild(settings, config, tokenizer, state).to(device)
+    tokenizer = tokenizer_from_data(msg["tokenizer"])
+    base = None
+    if settings.save_mode == "full":
+        # LoRA wraps a linear layer's own weight as `base_layer` (peft)
+        check_against_weights(config, {k.replace(".base_layer.", "."): v for k, v in state.items() if "lora_" not in k})
+    else:
+        base = verified_base(settings.name, msg.get("base"))
+    backbone = Backbone.rebuild(settings, config, tokenizer, state, base)
+    check_fits(tokenizer, backbone.model.get_input_embeddings().num_embeddings)
+    backbone.base_record = msg.get("base")
+    return backbone
 
 
-def check_remote_code_opt_in(settings: BackboneSettings) -> None:
-    """A loaded pipeline may not switch trust_remote_code on by itself."""
-    if settings.trust_remote_code and os.environ.get(TRUST_REMOTE_CODE_ENV) != "1":
-        raise UnsafePipelineError(
-            "this pipeline's config sets trust_remote_code = true, which would run code from the "
-            f"model repository {settings.name!r} while loading it. A saved pipeline cannot switch "
-            f"this on by itself: if you trust its source, set the environment variable "
-            f"{TRUST_REMOTE_CODE_ENV}=1 in the process that loads it"
-        )
+def loaded_digest(msg: dict) -> str:
+    """SHA-256 of what a backbone was rebuilt from: every field (the weights by their
+    checked digest) and, in adapter mode, the digest of its base."""
+    import srsly
+
+    fields = {key: value for key, value in msg.items() if key != "weights"}
+    return hashlib.sha256(srsly.msgpack_dumps(fields)).hexdigest()
 
 
 def read_message(data) -> dict:
@@ -128,6 +152,11 @@ def read_message(data) -> dict:
         raise damaged(f"format {msg['format']!r} is not one this version reads ({FORMAT})")
     if hashlib.sha256(msg["weights"]).hexdigest() != msg["sha256"]:
         raise damaged("the weights do not match their SHA-256")
+    base = msg.get("base")
+    if base is not None and not (
+        isinstance(base, dict) and isinstance(base.get("sha256"), str) and isinstance(base.get("revision"), (str, type(None)))
+    ):
+        raise damaged("the field 'base' is not a digest and revision of a base model")
     for file_name, content in msg["tokenizer"].items():
         check_file_name(file_name)
         if not isinstance(content, bytes):
@@ -139,6 +168,7 @@ def check_file_name(file_name) -> str:
     """`file_name` if it is a plain base name of a tokenizer data file; else refuse it."""
     plain = (
         isinstance(file_name, str)
+        and len(file_name) <= MAX_FILE_NAME
         and file_name not in ("", ".", "..")
         and not any(c in file_name for c in ("/", "\\", "\0"))
         and not os.path.isabs(file_name)
@@ -146,9 +176,9 @@ def check_file_name(file_name) -> str:
     )
     if not plain or not file_name.endswith(TOKENIZER_SUFFIXES) or file_name.startswith("."):
         raise UnsafePipelineError(
-            f"the saved decoder backbone holds a tokenizer file named {file_name!r}, which is not a plain "
-            f"file name ending in {', '.join(TOKENIZER_SUFFIXES)}: the pipeline is damaged or hostile, "
-            "and nothing was written"
+            f"the saved decoder backbone holds a tokenizer file named {repr(file_name)[:MAX_FILE_NAME]}, which is "
+            f"not a plain file name of at most {MAX_FILE_NAME} characters ending in {', '.join(TOKENIZER_SUFFIXES)}: "
+            "the pipeline is damaged or hostile, and nothing was written"
         )
     return file_name
 
@@ -158,13 +188,14 @@ def config_from_json(text: str):
     from transformers import CONFIG_MAPPING
 
     from .families import SUPPORTED_MODEL_TYPES
+    from .saved_shapes import check_declared_sizes
 
     try:
         data = json.loads(text)
-    except ValueError as err:
-        raise UnsafePipelineError(f"the saved decoder config is not JSON: {err}") from err
+    except (ValueError, RecursionError):
+        raise UnsafePipelineError("the saved decoder config (field 'config') is not JSON, or is nested too deeply") from None
     if not isinstance(data, dict):
-        raise UnsafePipelineError(f"the saved decoder config is {type(data).__name__}, not a map")
+        raise UnsafePipelineError(f"the saved decoder config (field 'config') is {type(data).__name__}, not a map")
     if "auto_map" in data:
         raise UnsafePipelineError(
             "the saved decoder config has an 'auto_map' entry, which points at code to import: "
@@ -173,39 +204,9 @@ def config_from_json(text: str):
     model_type = data.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise UnsafePipelineError(
-            f"the saved decoder config has model_type {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+            f"the saved decoder config (field 'config') has a model_type that is not supported; supported: "
+            f"{', '.join(SUPPORTED_MODEL_TYPES)}"
         )
+    check_declared_sizes(data)
     data = {k: v for k, v in data.items() if k not in MACHINE_KEYS}
     return CONFIG_MAPPING[model_type].from_dict(data)
-
-
-def tokenizer_from_files(files: Dict[str, bytes]):
-    """The fast tokenizer from its saved files, written (names already checked) into a
-    private temporary directory that is removed afterwards."""
-    from .loading import load_tokenizer
-
-    for file_name, content in files.items():
-        if file_name.endswith(".json") and b"auto_map" in content:
-            try:
-                points_at_code = "auto_map" in json.loads(content)
-            except ValueError:
-                points_at_code = False  # a damaged file fails in the tokenizer below
-            if points_at_code:
-                raise UnsafePipelineError(
-                    f"the saved tokenizer file {file_name!r} has an 'auto_map' entry, which points at "
-                    "code to import: a saved pipeline never runs code, so it is refused"
-                )
-    with tempfile.TemporaryDirectory(prefix="spacy-unmask-tokenizer-") as tmp:
-        for file_name, content in files.items():
-            with open(Path(tmp) / check_file_name(file_name), "xb") as out:
-                out.write(content)
-        try:
-            return load_tokenizer(tmp, trust_remote_code=False)
-        except Exception as err:
-            raise UnsafePipelineError(f"the saved tokenizer cannot be read (damaged?): {err}") from err
-
-
-def tokenizer_files(tokenizer) -> Dict[str, bytes]:
-    with tempfile.TemporaryDirectory() as tmp:
-        tokenizer.save_pretrained(tmp)
-        return {p.name: p.read_bytes() for p in sorted(Path(tmp).iterdir()) if p.is_file()}

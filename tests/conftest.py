@@ -61,3 +61,72 @@ def registry_model():
             pytest.skip(f"package registry unreachable: could not fetch {name} ({err})")
 
     return get
+
+
+class AuditRecorder:
+    """Records what the process opens, connects to and starts while `active` (audit
+    hooks cannot be removed, so one recorder serves the whole session)."""
+
+    OPEN = ("open", "os.open")
+    NETWORK = ("socket.connect", "socket.bind", "socket.getaddrinfo", "socket.sendto", "urllib.Request")
+    PROCESS = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty", "pty.spawn")
+
+    def __init__(self):
+        self.active = False
+        self.events = []
+
+    def __call__(self, event, args):
+        if self.active and (event in self.OPEN or event in self.NETWORK or event in self.PROCESS):
+            self.events.append((event, args))
+
+    def opened(self):
+        """(path, writing) of every file opened by path."""
+        found = []
+        for event, args in self.events:
+            if event in self.OPEN and isinstance(args[0], (str, bytes, os.PathLike)):
+                path = os.fsdecode(args[0])
+                mode = args[1] if isinstance(args[1], str) else ""
+                flags = args[2] if len(args) > 2 and isinstance(args[2], int) else 0
+                writing = any(c in mode for c in "wax+") or bool(flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT))
+                found.append((os.path.realpath(path), writing))
+        return found
+
+    def outside(self, *allowed):
+        """What was opened outside `allowed` folders and this Python's installation (its
+        modules and data files), or written anywhere outside `allowed`; and every network
+        or process event."""
+        allowed = [os.path.realpath(a) for a in allowed]
+        installed = [os.path.realpath(p) for p in {sys.prefix, sys.base_prefix, sys.exec_prefix, str(Path(__file__).parents[1] / "spacy_unmask")}]
+
+        def under(path, roots):
+            return any(path == r or path.startswith(r + os.sep) for r in roots)
+
+        bad = [("open", p, w) for p, w in self.opened() if not under(p, allowed) and (w or not under(p, installed))]
+        bad += [(event, args) for event, args in self.events if event not in self.OPEN]
+        return bad
+
+
+_RECORDER = AuditRecorder()
+sys.addaudithook(_RECORDER)
+
+
+@pytest.fixture
+def audit():
+    """`with audit:` records what happens inside; `audit.outside(folder, ...)` lists what
+    was opened outside the folders (reading this Python's installation aside), written
+    outside them, or any socket or process started."""
+
+    class Recording:
+        def __enter__(self):
+            _RECORDER.events = []
+            _RECORDER.active = True
+            return _RECORDER
+
+        def __exit__(self, *exc):
+            _RECORDER.active = False
+
+        def outside(self, *allowed):
+            return _RECORDER.outside(*allowed)
+
+    yield Recording()
+    _RECORDER.active = False

@@ -19,7 +19,9 @@ import pytest
 import spacy
 import srsly
 import torch
-from spacy_unmask.saving import TRUST_REMOTE_CODE_ENV, UnsafePipelineError
+from spacy_unmask import get_backbone
+from spacy_unmask.opt_ins import FETCH_BASE_ENV, TRUST_REMOTE_CODE_ENV, UnsafePipelineError
+from forgery import forged_copy, read_backbone, with_digest
 from tiny_models import TRAIN, check_doc, make_pipeline, mixed_texts, train_pipeline, vectors
 from tiny_models import ents as ents_of
 
@@ -47,44 +49,6 @@ def saved(model_dir, tmp_path_factory):
     path = tmp_path_factory.mktemp("saving") / "pipeline"
     trained_pipeline(model_dir).to_disk(path)
     return path
-
-
-# --- the backbone's message inside ner/model -----------------------------------------
-
-
-def read_backbone(model_file: Path) -> dict:
-    """The decoder's own serialisation inside the thinc model file (msgpack all the way)."""
-    msg = srsly.msgpack_loads(model_file.read_bytes())
-    (blob,) = [blob for node in msg["shims"] for blob in node]
-    return srsly.msgpack_loads(srsly.msgpack_loads(blob)["state"])
-
-
-def write_backbone(model_file: Path, backbone) -> None:
-    """Put a (forged) backbone message back into the thinc model file."""
-    msg = srsly.msgpack_loads(model_file.read_bytes())
-    for node in msg["shims"]:
-        for i, blob in enumerate(node):
-            shim = srsly.msgpack_loads(blob)
-            shim["state"] = backbone if isinstance(backbone, bytes) else srsly.msgpack_dumps(backbone)
-            node[i] = srsly.msgpack_dumps(shim)
-    model_file.write_bytes(srsly.msgpack_dumps(msg))
-
-
-def forged_copy(saved: Path, tmp_path: Path, forge) -> Path:
-    """A copy of the saved pipeline whose backbone message `forge` has edited."""
-    target = tmp_path / f"forged-{uuid.uuid4().hex[:8]}"
-    shutil.copytree(saved, target)
-    backbone = read_backbone(target / "ner" / "model")
-    forged = forge(backbone)
-    write_backbone(target / "ner" / "model", backbone if forged is None else forged)
-    return target
-
-
-def with_digest(backbone: dict) -> dict:
-    import hashlib
-
-    backbone["sha256"] = hashlib.sha256(backbone["weights"]).hexdigest()
-    return backbone
 
 
 @pytest.fixture
@@ -204,7 +168,7 @@ def test_truncated_weights_blob_is_refused(saved, tmp_path, private_tmp):
         b["weights"] = b["weights"][: len(b["weights"]) // 2]
         return with_digest(b)  # the digest matches: only the blob itself is short
 
-    with pytest.raises(UnsafePipelineError, match="weights are unreadable"):
+    with pytest.raises(UnsafePipelineError, match="field 'weights'. are unreadable"):
         spacy.load(forged_copy(saved, tmp_path, forge))
 
 
@@ -213,7 +177,7 @@ def test_huge_declared_sizes_are_refused(saved, tmp_path, private_tmp):
         b["weights"] = struct.pack("<Q", 2**62) + b"{}"
         return with_digest(b)
 
-    with pytest.raises(UnsafePipelineError, match="weights are unreadable"):
+    with pytest.raises(UnsafePipelineError, match="field 'weights'. are unreadable"):
         spacy.load(forged_copy(saved, tmp_path, huge_header))
     # a msgpack value that declares 4 GiB of bytes and holds 3
     huge_bin = b"\xc6\xff\xff\xff\xff" + b"abc"
@@ -240,15 +204,20 @@ def test_config_pointing_at_code_is_refused(saved, tmp_path, private_tmp):
         spacy.load(forged_copy(saved, tmp_path, only_auto_map))
 
 
-def test_tokenizer_config_pointing_at_code_is_refused(saved, tmp_path, private_tmp):
+def test_tokenizer_config_pointing_at_code_does_nothing(saved, tmp_path, private_tmp):
+    """The tokenizer is built from its data by one class: keys naming code or classes are ignored."""
     def forge(b):
         name = "tokenizer_config.json"
         config = json.loads(b["tokenizer"][name])
         config["auto_map"] = {"AutoTokenizer": ["evil.EvilTokenizer", None]}
+        config["tokenizer_class"] = "EvilTokenizer"
         b["tokenizer"][name] = json.dumps(config).encode()
+        b["tokenizer"]["evil.py"] = b"raise SystemExit('code ran')"
 
-    with pytest.raises(UnsafePipelineError, match="'tokenizer_config.json' has an 'auto_map'"):
+    with pytest.raises(UnsafePipelineError, match="'evil.py'"):
         spacy.load(forged_copy(saved, tmp_path, forge))
+    nlp = spacy.load(forged_copy(saved, tmp_path, lambda b: forge(b) or b["tokenizer"].pop("evil.py") and None))
+    assert type(get_backbone(nlp).tokenizer).__name__ in ("PreTrainedTokenizerFast", "TokenizersBackend")
 
 
 def test_unsupported_model_type_is_refused(saved, tmp_path, private_tmp):
@@ -257,8 +226,9 @@ def test_unsupported_model_type_is_refused(saved, tmp_path, private_tmp):
         config["model_type"] = "evil_remote_model"
         b["config"] = json.dumps(config)
 
-    with pytest.raises(UnsafePipelineError, match="model_type 'evil_remote_model'"):
+    with pytest.raises(UnsafePipelineError, match="model_type that is not supported") as info:
         spacy.load(forged_copy(saved, tmp_path, forge))
+    assert "evil_remote_model" not in str(info.value)  # a config value is never echoed
 
 
 def edit_config(pipeline: Path, **tok2vec) -> None:
@@ -278,6 +248,7 @@ def test_config_asking_for_remote_code_needs_the_callers_opt_in(model_dir, tmp_p
         spacy.load(path)
     assert "trust_remote_code" in str(info.value) and f"{TRUST_REMOTE_CODE_ENV}=1" in str(info.value)
     monkeypatch.setenv(TRUST_REMOTE_CODE_ENV, "1")  # the caller's own, explicit choice
+    monkeypatch.setenv(FETCH_BASE_ENV, "1")  # an adapter pipeline's base is a path here
     nlp = spacy.load(path)
     assert nlp("Peter Blackburn visited Brussels .") is not None
 
@@ -336,9 +307,9 @@ def test_damaged_model_file_message_names_the_problem(saved, tmp_path, damage):
 
 def test_deleted_model_file_fails(saved, tmp_path):
     path = broken_copy(saved, tmp_path, lambda p: p.unlink())
-    with pytest.raises(OSError) as info:
+    with pytest.raises(UnsafePipelineError) as info:
         spacy.load(path)
-    assert str(Path("ner") / "model") in str(info.value)
+    assert "[ner]" in str(info.value) and "'model' file" in str(info.value)
 
 
 def test_corrupted_weights_are_detected(saved, tmp_path):

@@ -26,7 +26,7 @@ from thinc.api import Config
 from thinc.api import Model, SequenceCategoricalCrossentropy, chain, set_dropout_rate, with_array
 from thinc.types import Floats2d
 
-from ..saving import UnsafePipelineError
+from ..pipeline_files import check_not_linked, read_component
 from ..settings import is_number, one_of, require
 from .crf import crf_loss
 from .marginals import SpanLattice, Spans
@@ -276,6 +276,7 @@ class UnmaskNER(TrainablePipe):
 
     def to_disk(self, path, *, exclude=tuple()):
         _check_finite(self)
+        check_not_linked(path)
         return super().to_disk(path, exclude=exclude)
 
     def to_bytes(self, *, exclude=tuple()):
@@ -283,12 +284,10 @@ class UnmaskNER(TrainablePipe):
         return super().to_bytes(exclude=exclude)
 
     def from_disk(self, path, *, exclude=tuple()):
-        try:
-            return super().from_disk(path, exclude=exclude)
-        except UnsafePipelineError as err:  # already says what is wrong; keep its kind
-            raise UnsafePipelineError(f"[{self.name}] cannot load the saved component from {path}: {err}") from err
-        except (ValueError, TypeError) as err:  # msgpack's errors name neither file nor component
-            raise ValueError(f"[{self.name}] cannot load the saved component from {path} (truncated or damaged?): {err}") from err
+        return read_component(self, path, lambda: super(UnmaskNER, self).from_disk(path, exclude=exclude))
+
+    def from_bytes(self, bytes_data, *, exclude=tuple()):
+        return read_component(self, None, lambda: super(UnmaskNER, self).from_bytes(bytes_data, exclude=exclude))
 
     def get_loss(self, examples: Iterable[Example], scores: List[Floats2d]):
         validate_examples(examples, "UnmaskNER.get_loss")
