@@ -707,3 +707,20 @@ def test_scores_survive_a_fresh_process(tmp_path, nlp):
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert [spans for spans, _ in got] == [spans for spans, _ in expected]
     np.testing.assert_allclose(sum((s for _, s in got), []), sum((s for _, s in expected), []), rtol=1e-6)
+
+
+def test_the_component_defaults_are_written_once():
+    """The factory's default config, the factory function and the class take them from DEFAULTS."""
+    import inspect
+
+    from spacy_unmask.pipeline.unmask_ner import DEFAULTS, UnmaskNER, make_unmask_ner
+
+    config = spacy.blank("en").get_factory_meta("unmask_ner").default_config
+    assert {k: config[k] for k in DEFAULTS} == DEFAULTS
+    init = inspect.signature(UnmaskNER.__init__).parameters
+    assert {k: init[k].default for k in DEFAULTS} == DEFAULTS
+    factory = inspect.signature(make_unmask_ner).parameters
+    assert all(factory[k].default is inspect.Parameter.empty for k in DEFAULTS)
+    ner = spacy.blank("en").add_pipe("unmask_ner")
+    assert (ner.spans_key, ner.threshold, ner.temperature, ner.loss) == (
+        DEFAULTS["spans_key"], DEFAULTS["threshold"], DEFAULTS["temperature"], DEFAULTS["loss"])
