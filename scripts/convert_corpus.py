@@ -1,5 +1,11 @@
 """Convert CoNLL-style IOB2 files to spaCy's binary `.spacy` (DocBin) format.
 
+Up to three annotation columns per file, each to its place on the Doc: the NER
+column (`--tag-col`) to `doc.ents`, a chunk column (`--chunk-col`, IOB2 like NER)
+to the span group `doc.spans["chunks"]`, and a part-of-speech column
+(`--pos-col`) to `token.tag_`. CoNLL-2003 has all three (token POS chunk NER);
+CoNLL-2000 has POS and chunks (`--tag-col none`).
+
 One Doc per sentence by default. Sentences are separated by blank lines; a line
 holding only whitespace (WNUT-17's train file separates sentences with a lone
 tab) counts as blank. `-DOCSTART-` lines (CoNLL-2003) are dropped when asked for.
@@ -31,6 +37,10 @@ Two modes:
     # and documents together, so that a model learns from inputs of both lengths
     python scripts/convert_corpus.py preset wnut17 corpus/wnut17 --limit 200
 
+CoNLL-2000 has no dev file: the preset holds out its last 1,000 training sentences
+(WSJ section 18's end) as dev.spacy and trains on the 7,936 before them; select on
+that split only, and test on test.txt (WSJ section 20).
+
 `--limit N` keeps the first N sentences (0 = all); in preset mode it applies to
 train (and, with `--dev-limit`, to dev), never to test.
 """
@@ -38,14 +48,16 @@ import argparse
 import re
 import sys
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional
 
 SEPARATORS = {"tab": "\t", "space": " ", "whitespace": None}
 _TAG = re.compile(r"^(O|[BI]-.+)$")
 # what the written DocBins keep: the words, the entities and the sentence starts
-DOCBIN_ATTRS = ["ORTH", "ENT_IOB", "ENT_TYPE", "SENT_START"]
+DOCBIN_ATTRS = ["ORTH", "TAG", "ENT_IOB", "ENT_TYPE", "SENT_START"]
+# the span group that holds a chunk column
+CHUNKS_KEY = "chunks"
 
 
 @dataclass(frozen=True)
@@ -55,10 +67,15 @@ class Preset:
     directory: str
     splits: Dict[str, str]  # split name -> file name inside `directory`
     token_col: int
-    tag_col: int
+    tag_col: Optional[int]  # the NER column (None: the corpus has none)
     sep: str
     docstart: bool
     note: str = ""
+    chunk_col: Optional[int] = None
+    pos_col: Optional[int] = None
+    # a corpus without a dev file: its last N training sentences are the dev split
+    # (written to dev.spacy and left out of train.spacy), the only split to select on
+    dev_from_train: int = 0
     # how the document-level copy groups sentences: "docs" (-DOCSTART- articles), N
     # (N consecutive sentences, where the files mark no documents) or "sentences" (the
     # corpus's units stand alone: WNUT-17's tweets)
@@ -87,8 +104,14 @@ PRESETS: Dict[str, Preset] = {
     "conll03": Preset(
         "assets/conll2003",
         {"train": "train.txt", "dev": "valid.txt", "test": "test.txt"},
-        token_col=0, tag_col=3, sep="whitespace", docstart=True,
+        token_col=0, tag_col=3, chunk_col=2, pos_col=1, sep="whitespace", docstart=True,
         note="not shipped: run `python -m spacy project run copy-conll` first", doc_group="docs",
+    ),
+    "conll2000": Preset(
+        "assets/conll2000",
+        {"train": "train.txt", "test": "test.txt"},
+        token_col=0, tag_col=None, chunk_col=2, pos_col=1, sep="whitespace", docstart=False,
+        note="not shipped: run `python -m spacy project run copy-conll` first", dev_from_train=1000,
     ),
 }
 
@@ -96,56 +119,70 @@ PRESETS: Dict[str, Preset] = {
 @dataclass
 class Sentence:
     words: List[str]
-    tags: List[str]
+    tags: List[str]  # NER (IOB2); empty where the file has no NER column
     line: int  # 1-based line number of the first token
     document: int = 0  # index of the -DOCSTART- document it belongs to
+    chunks: List[str] = field(default_factory=list)  # IOB2; empty where no chunk column
+    pos: List[str] = field(default_factory=list)  # empty where no POS column
 
 
 def read_sentences(
-    path: Path, *, token_col: int = 0, tag_col: int = -1, sep: str = "tab", docstart: bool = False
+    path: Path, *, token_col: int = 0, tag_col: Optional[int] = -1, sep: str = "tab", docstart: bool = False,
+    chunk_col: Optional[int] = None, pos_col: Optional[int] = None,
 ) -> Iterator[Sentence]:
-    """Yield the sentences of a column file, one per blank-line-separated block."""
+    """Yield the sentences of a column file, one per blank-line-separated block.
+
+    `tag_col` (NER) and `chunk_col` must hold IOB tags; `pos_col` any non-empty tag;
+    a column given as None is not read.
+    """
     if sep not in SEPARATORS:
         raise ValueError(f"unknown separator {sep!r}; choose one of {sorted(SEPARATORS)}")
     splitter = SEPARATORS[sep]
-    words: List[str] = []
-    tags: List[str] = []
-    start = 0
+    columns = {name: col for name, col in (("tags", tag_col), ("chunks", chunk_col), ("pos", pos_col))
+               if col is not None}
+    if not columns:
+        raise ValueError("no annotation column: give the NER, chunk or POS column")
+    sentence: Optional[Sentence] = None
     document = 0
     seen_docstart = False
     with Path(path).open(encoding="utf8") as handle:
         for number, raw in enumerate(handle, start=1):
             line = raw.rstrip("\r\n")
             if not line.strip():
-                if words:
-                    yield Sentence(words, tags, start, document)
-                words, tags = [], []
+                if sentence is not None:
+                    yield sentence
+                sentence = None
                 continue
             cols = line.split(splitter) if splitter else line.split()
             if docstart and cols[0] == "-DOCSTART-":
-                if words:
-                    yield Sentence(words, tags, start, document)
-                words, tags = [], []
+                if sentence is not None:
+                    yield sentence
+                sentence = None
                 document += seen_docstart
                 seen_docstart = True
                 continue
             try:
-                word, tag = cols[token_col], cols[tag_col].strip()
+                word = cols[token_col]
+                values = {name: cols[col].strip() for name, col in columns.items()}
             except IndexError:
                 raise ValueError(
                     f"{path}:{number}: {len(cols)} column(s) with separator {sep!r}, "
-                    f"need token column {token_col} and tag column {tag_col}: {line!r}"
+                    f"need token column {token_col} and annotation columns {sorted(columns.values())}: {line!r}"
                 ) from None
             if word == "" or (splitter and not word.strip()):
                 raise ValueError(f"{path}:{number}: empty token: {line!r}")
-            if not _TAG.match(tag):
-                raise ValueError(f"{path}:{number}: not an IOB tag: {tag!r} (line {line!r})")
-            if not words:
-                start = number
-            words.append(word)
-            tags.append(tag)
-    if words:
-        yield Sentence(words, tags, start, document)
+            for name, value in values.items():
+                if name != "pos" and not _TAG.match(value):
+                    raise ValueError(f"{path}:{number}: not an IOB tag: {value!r} (line {line!r})")
+                if not value:
+                    raise ValueError(f"{path}:{number}: empty tag: {line!r}")
+            if sentence is None:
+                sentence = Sentence([], [], number, document)
+            sentence.words.append(word)
+            for name, value in values.items():
+                getattr(sentence, name).append(value)
+    if sentence is not None:
+        yield sentence
 
 
 def group_sentences(sentences: List[Sentence], group: str) -> List[List[Sentence]]:
@@ -175,10 +212,11 @@ def invalid_iob2(tags: List[str]) -> int:
 
 
 def sentences_to_docs(groups: List[List[Sentence]], vocab=None):
-    """Build one spaCy Doc per group of sentences, entities from the IOB tags.
+    """Build one spaCy Doc per group of sentences: entities from the NER tags, the span
+    group `doc.spans["chunks"]` from the chunk tags, `token.tag_` from the POS column.
 
-    Each sentence's IOB tags are read on their own (an entity never crosses a
-    sentence boundary); the Doc keeps the sentence starts.
+    Each sentence's IOB tags are read on their own (a span never crosses a sentence
+    boundary); the Doc keeps the sentence starts.
     """
     from spacy.tokens import Doc
     from spacy.training import biluo_tags_to_spans, iob_to_biluo
@@ -187,10 +225,13 @@ def sentences_to_docs(groups: List[List[Sentence]], vocab=None):
     vocab = vocab if vocab is not None else Vocab()
     for group in groups:
         words = [w for sent in group for w in sent.words]
-        biluo = [t for sent in group for t in iob_to_biluo(sent.tags)]
         starts = [i == 0 for sent in group for i in range(len(sent.words))]
-        doc = Doc(vocab, words=words, sent_starts=starts)
-        doc.ents = biluo_tags_to_spans(doc, biluo)
+        pos = [t for sent in group for t in sent.pos] or None
+        doc = Doc(vocab, words=words, sent_starts=starts, tags=pos)
+        if any(sent.tags for sent in group):
+            doc.ents = biluo_tags_to_spans(doc, [t for sent in group for t in iob_to_biluo(sent.tags)])
+        if any(sent.chunks for sent in group):
+            doc.spans[CHUNKS_KEY] = biluo_tags_to_spans(doc, [t for sent in group for t in iob_to_biluo(sent.chunks)])
         yield doc
 
 
@@ -199,33 +240,46 @@ def convert_file(
     output_path: Path,
     *,
     token_col: int = 0,
-    tag_col: int = -1,
+    tag_col: Optional[int] = -1,
     sep: str = "tab",
     docstart: bool = False,
     limit: int = 0,
     group: str = "sentences",
     quiet: bool = False,
+    chunk_col: Optional[int] = None,
+    pos_col: Optional[int] = None,
+    skip: int = 0,
+    take: int = 0,
 ) -> Dict[str, object]:
     """Convert one file; write the DocBin; return (and print) its statistics.
 
-    `limit` counts sentences; `group` says how sentences become Docs (see `group_sentences`).
+    `limit` counts sentences; `group` says how sentences become Docs (see
+    `group_sentences`); `skip` and `take` (0: all) select the sentences from `skip` on,
+    `take` of them, before `limit` (a dev split held out of a training file).
     """
+    sentences = list(read_sentences(input_path, token_col=token_col, tag_col=tag_col, sep=sep,
+                                    docstart=docstart, chunk_col=chunk_col, pos_col=pos_col))
+    sentences = sentences[skip: skip + take if take else None]
+    if limit:
+        sentences = sentences[:limit]
+    return write_docs(sentences, input_path, output_path, group=group, quiet=quiet)
+
+
+def write_docs(sentences: List[Sentence], input_path: Path, output_path: Path, *, group: str,
+               quiet: bool) -> Dict[str, object]:
     from spacy.tokens import DocBin
 
-    sentences = []
-    for sent in read_sentences(input_path, token_col=token_col, tag_col=tag_col, sep=sep, docstart=docstart):
-        if limit and len(sentences) >= limit:
-            break
-        sentences.append(sent)
-    bad = sum(invalid_iob2(s.tags) for s in sentences)
+    bad = sum(invalid_iob2(s.tags) + invalid_iob2(s.chunks) for s in sentences)
     groups = group_sentences(sentences, group)
     docbin = DocBin(attrs=DOCBIN_ATTRS, store_user_data=False)
     per_type: Counter = Counter()
+    per_chunk: Counter = Counter()
     tokens = 0
     for doc in sentences_to_docs(groups):
         docbin.add(doc)
         tokens += len(doc)
         per_type.update(ent.label_ for ent in doc.ents)
+        per_chunk.update(span.label_ for span in doc.spans.get(CHUNKS_KEY, []))
     output_path = Path(output_path)
     output_path.parent.mkdir(parents=True, exist_ok=True)
     docbin.to_disk(output_path)
@@ -237,6 +291,9 @@ def convert_file(
         "tokens": tokens,
         "entities": sum(per_type.values()),
         "per_type": dict(sorted(per_type.items())),
+        "chunks": sum(per_chunk.values()),
+        "per_chunk_type": dict(sorted(per_chunk.items())),
+        "pos_tagged": sum(len(s.pos) for s in sentences),
         "invalid_iob2": bad,
     }
     if not quiet:
@@ -249,7 +306,7 @@ def print_stats(stats: Dict[str, object]) -> None:
     print(
         f"{stats['input']} -> {stats['output']}: {stats['docs']} docs, {stats['sentences']} sentences, "
         f"{stats['tokens']} tokens, "
-        f"{stats['entities']} entities ({types})"
+        f"{stats['entities']} entities ({types}), {stats['chunks']} chunks, {stats['pos_tagged']} POS tags"
     )
     if stats["invalid_iob2"]:
         print(
@@ -276,20 +333,24 @@ def convert_preset(
     if missing:
         raise SystemExit(f"{name}: missing {', '.join(missing)} in {directory} ({preset.note})")
     limits = {"train": limit, "dev": dev_limit, "test": 0}
+    columns = dict(token_col=preset.token_col, tag_col=preset.tag_col, chunk_col=preset.chunk_col,
+                   pos_col=preset.pos_col, sep=preset.sep, docstart=preset.docstart)
+    sources = {split: (directory / filename, 0, 0) for split, filename in preset.splits.items()}
+    if preset.dev_from_train:  # (file, skip, take): dev is the tail of the training file
+        held_out = preset.dev_from_train
+        total = sum(1 for _ in read_sentences(sources["train"][0], **columns))
+        if total <= held_out:
+            raise SystemExit(f"{name}: {total} training sentences, too few to hold out {held_out} for dev")
+        sources["dev"] = (sources["train"][0], total - held_out, held_out)
+        sources["train"] = (sources["train"][0], 0, total - held_out)
     groups = {"": group, ".doc": preset.doc_group}  # the document-level copy beside the sentence-level one
     results = {}
     for suffix, how in groups.items():
-        for split, filename in preset.splits.items():
+        for split in ("train", "dev", "test"):
+            path, skip, take = sources[split]
             results[f"{split}{suffix}"] = convert_file(
-                directory / filename,
-                Path(output_dir) / f"{split}{suffix}.spacy",
-                token_col=preset.token_col,
-                tag_col=preset.tag_col,
-                sep=preset.sep,
-                docstart=preset.docstart,
-                limit=limits[split],
-                group=how,
-                quiet=quiet,
+                path, Path(output_dir) / f"{split}{suffix}.spacy", limit=limits[split], group=how,
+                quiet=quiet, skip=skip, take=take, **columns,
             )
     if preset.doc_group != "sentences":  # where documents differ from sentences
         results["train.mix"] = write_mix(
@@ -320,6 +381,16 @@ GROUP_HELP = (
 )
 
 
+def column(value: str) -> Optional[int]:
+    """A column index, or 'none' (not read)."""
+    if value.lower() == "none":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: give a column index (0, 1, -1, ...) or 'none'") from None
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="mode", required=True)
@@ -328,7 +399,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     one.add_argument("input", type=Path)
     one.add_argument("output", type=Path, help="the .spacy file to write")
     one.add_argument("--token-col", type=int, default=0, help="index of the token column (default 0)")
-    one.add_argument("--tag-col", type=int, default=-1, help="index of the IOB2 tag column (default -1, the last)")
+    one.add_argument("--tag-col", type=column, default=-1,
+                     help="index of the NER column, IOB2 (default -1, the last; 'none': no NER column)")
+    one.add_argument("--chunk-col", type=column, default=None, help="index of a chunk column, IOB2 (to doc.spans['chunks'])")
+    one.add_argument("--pos-col", type=column, default=None, help="index of a part-of-speech column (to token.tag_)")
     one.add_argument("--sep", choices=sorted(SEPARATORS), default="tab", help="column separator (default tab)")
     one.add_argument("--docstart", action="store_true", help="the file has -DOCSTART- lines: drop them")
     one.add_argument("--limit", type=int, default=0, help="keep the first N sentences (0 = all)")
@@ -348,6 +422,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             convert_file(
                 args.input, args.output, token_col=args.token_col, tag_col=args.tag_col,
                 sep=args.sep, docstart=args.docstart, limit=args.limit, group=args.group,
+                chunk_col=args.chunk_col, pos_col=args.pos_col,
             )
         else:
             convert_preset(

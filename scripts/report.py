@@ -36,6 +36,30 @@ FIRST = ("none", "middle", "all")
 LAST = ("cnn", "minilm")
 
 
+def main_prefix(metrics: dict) -> Optional[str]:
+    """The prefix of a run's headline span scores: "ents" (NER), else its span group's
+    ("spans_chunks"), else None (a tagger: `tag_acc`)."""
+    if "ents_f" in metrics:
+        return "ents"
+    spans = sorted(k[: -len("_f")] for k in metrics if k.startswith("spans_") and k.endswith("_f"))
+    return spans[0] if spans else None
+
+
+def main_score(metrics: dict, part: str = "f") -> Optional[float]:
+    """A run's headline score, as a fraction: part "f", "p" or "r" of NER, else of its span
+    group (chunks); a tagger's accuracy (`tag_acc`) as its "f"; None where there is none."""
+    prefix = main_prefix(metrics)
+    if prefix:
+        return metrics.get(f"{prefix}_{part}")
+    return metrics.get("tag_acc") if part == "f" else None
+
+
+def per_type(metrics: dict) -> dict:
+    """Per-label P/R/F of the headline span task (entities, else the span group)."""
+    prefix = main_prefix(metrics)
+    return (metrics.get(f"{prefix}_per_type") or {}) if prefix else {}
+
+
 def is_run_file(path: Path) -> bool:
     return path.suffix == ".json" and not any(path.name.endswith(s) for s in SIDECARS)
 
@@ -54,7 +78,7 @@ def load_runs(folder: Path) -> Dict[str, dict]:
         if not is_run_file(path):
             continue
         metrics = read_json(path)
-        if not isinstance(metrics, dict) or "ents_f" not in metrics:
+        if not isinstance(metrics, dict) or main_score(metrics) is None and "ents_f" not in metrics:
             continue
         name = path.name[: -len(".json")]
         runs[name] = {
@@ -77,7 +101,7 @@ def read_curve(path: Path) -> List[tuple]:
     for line in lines:
         try:
             row = json.loads(line)
-            curve.append((int(row["step"]), float(row["scores"]["ents_f"])))
+            curve.append((int(row["step"]), float(main_score(row["scores"]))))
         except (ValueError, KeyError, TypeError):
             continue
     return curve
@@ -93,8 +117,8 @@ def seed_summary(runs: Dict[str, dict]) -> Dict[str, dict]:
     summary = {}
     for name in order(groups):
         seeds = sorted(groups[name])
-        f = [100 * float(groups[name][k]["metrics"]["ents_f"]) for k in seeds]
-        doc = [100 * float(groups[name][k]["doc"]["ents_f"]) for k in seeds if groups[name][k]["doc"]]
+        f = [100 * float(main_score(groups[name][k]["metrics"]) or 0.0) for k in seeds]
+        doc = [100 * float(main_score(groups[name][k]["doc"]) or 0.0) for k in seeds if groups[name][k]["doc"]]
         minutes = [float(groups[name][k]["train"]["wall_s"]) / 60 for k in seeds if groups[name][k]["train"]]
         best_dev = [max(f for _, f in groups[name][k]["curve"]) for k in seeds if groups[name][k]["curve"]]
         summary[name] = {
@@ -130,7 +154,7 @@ def comparisons(runs: Dict[str, dict], seeds: Dict[str, dict]) -> List[str]:
             return None if row[mean_key] is None else (row[mean_key], row[std_key], len(row["seeds"]))
         run = runs.get(name)
         metrics = run and (run["metrics"] if reading == "sentences" else run["doc"])
-        return (round(100 * float(metrics["ents_f"]), 2), None, 1) if metrics else None
+        return (round(100 * float(main_score(metrics) or 0.0), 2), None, 1) if metrics else None
 
     rows = []
     for name in seeds:
@@ -230,10 +254,10 @@ def summarize(folder: Path, runs: Optional[Dict[str, dict]] = None, split: str =
     for name in order(runs):
         run = runs[name]
         m, train, seq, doc = run["metrics"], run["train"] or {}, run["seqeval"] or {}, run["doc"] or {}
-        labels.update((m.get("ents_per_type") or {}).keys())
+        labels.update(per_type(m).keys())
         lines.append(
-            f"| {name} | {pct(m.get('ents_f'))} | {pct(m.get('ents_p'))} | {pct(m.get('ents_r'))} "
-            f"| {pct(doc.get('ents_f'))} | {pct(seq.get('seqeval_f1'))} | {speed(m.get('speed'))} "
+            f"| {name} | {pct(main_score(m))} | {pct(main_score(m, 'p'))} | {pct(main_score(m, 'r'))} "
+            f"| {pct(main_score(doc))} | {pct(seq.get('seqeval_f1'))} | {speed(m.get('speed'))} "
             f"| {duration(train.get('wall_s'))} | {memory(train.get('peak_rss_mib'))} |"
         )
     if not runs:
@@ -243,8 +267,8 @@ def summarize(folder: Path, runs: Optional[Dict[str, dict]] = None, split: str =
         lines += ["", "F1 per entity type:", "", "| run | " + " | ".join(labels) + " |",
                   "|---|" + "---:|" * len(labels)]
         for name in order(runs):
-            per_type = runs[name]["metrics"].get("ents_per_type") or {}
-            cells = [pct((per_type.get(label) or {}).get("f")) for label in labels]
+            found = per_type(runs[name]["metrics"])
+            cells = [pct((found.get(label) or {}).get("f")) for label in labels]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
     seeds = seed_summary(runs)
     if seeds:

@@ -47,17 +47,23 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from functools import lru_cache
 from typing import Dict, List, Optional, Tuple
+
+from scripts.report import main_score
 
 # Dukic & Snajder's 16 patterns of four layer groups, and the middle band: groups:0000 and
 # groups:1111 resolve to the same layers as none and all (the same model at a seed), so
 # the sweep trains them once, under those names
 SWEEP = ["none", "all", "middle"] + [f"groups:{i:04b}" for i in range(1, 15)]
 SAME_AS = {"none": "groups:0000", "all": "groups:1111"}
-UNMASK_KEY = "components.ner.model.tok2vec.unmask"
-MODEL_KEY = "components.ner.model.tok2vec.name"
-LAYERS_KEY = "components.ner.model.tok2vec.num_layers"
-REPEAT_KEY = "components.ner.model.tok2vec.repeat"
+# the backbone settings a run sets, under the config's decoder block (`backbone_block`:
+# components.ner.model.tok2vec in configs/ner.cfg)
+UNMASK_KEY = "unmask"
+MODEL_KEY = "name"
+LAYERS_KEY = "num_layers"
+REPEAT_KEY = "repeat"
+DECODER = "spacy_unmask.DecoderTok2Vec.v1"
 HERE = Path(__file__).resolve().parent
 # "auto" split -> the document-level file to prefer, when the corpus has one
 AUTO = {"train": "train.mix", "dev": "dev.doc"}
@@ -150,17 +156,37 @@ def train_command(args, run: dict) -> List[str]:
         "--system.seed", str(run["seed"]),
         "--gpu-id", str(args.gpu_id),
     ]
-    if run["spec"] is not None:
-        command += [f"--{UNMASK_KEY}", run["spec"]]
-    if args.model:
-        command += [f"--{MODEL_KEY}", args.model]
-    if args.num_layers is not None:
-        command += [f"--{LAYERS_KEY}", str(args.num_layers)]
-    if args.repeat is not None:
-        command += [f"--{REPEAT_KEY}", str(args.repeat)]
+    settings = {UNMASK_KEY: run["spec"], MODEL_KEY: args.model or None, LAYERS_KEY: args.num_layers,
+                REPEAT_KEY: args.repeat}
+    for key, value in settings.items():
+        if value is not None:
+            command += [f"--{backbone_block(args.config)}.{key}", str(value)]
     if args.max_steps:
         command += ["--training.max_steps", str(args.max_steps)]
     return command + list(args.extra)
+
+
+@lru_cache(maxsize=None)
+def backbone_block(config: Path) -> str:
+    """The dotted path of the config's decoder block (@architectures = DecoderTok2Vec):
+    components.ner.model.tok2vec (configs/ner.cfg), components.chunker.model.tok2vec
+    (chunk.cfg), components.tok2vec.model (a shared decoder: multitask.cfg)."""
+    from spacy.util import load_config
+
+    found = []
+
+    def walk(section, path):
+        if isinstance(section, dict):
+            if section.get("@architectures") == DECODER:
+                found.append(".".join(path))
+            for key, value in section.items():
+                walk(value, path + [key])
+
+    walk(load_config(config, interpolate=False), [])
+    if len(found) != 1:
+        raise SystemExit(f"{config}: {len(found)} decoder blocks (@architectures = {DECODER}); the backbone "
+                         f"settings (--specs, --model, --num-layers, --repeat) need exactly one")
+    return found[0]
 
 
 def evaluate_commands(args, run: dict) -> List[Tuple[str, List[str]]]:
@@ -201,7 +227,7 @@ def run(args) -> int:
                 print(f"    {name}: {step} failed: {' '.join(command)}", file=sys.stderr)
                 break
         else:
-            f1 = json.loads(metrics.read_text()).get("ents_f")
+            f1 = main_score(json.loads(metrics.read_text()))
             print(f"    {name}: {one['evals'][0][0].name} F1 {100 * (f1 or 0):.2f} "
                   f"({time.perf_counter() - t0:.0f} s)", flush=True)
         if args.delete_models:
@@ -217,7 +243,7 @@ def run(args) -> int:
 def collect(folder: Path, prefix: str = "") -> Dict[str, Dict[int, float]]:
     """spec -> {seed: F1 in %} for the runs found in a sweep's metrics folder (runs and
     their sidecars told apart as scripts/report.py does); `prefix` is the runs' name prefix."""
-    from scripts.report import SEED, load_runs
+    from scripts.report import SEED, load_runs, main_score
 
     by_slug = {spec_slug(s): s for s in SWEEP}
     by_slug.update({spec_slug(same): spec for spec, same in SAME_AS.items()})  # older sweeps trained both
@@ -226,7 +252,7 @@ def collect(folder: Path, prefix: str = "") -> Dict[str, Dict[int, float]]:
         match = SEED.match(name)
         if match:
             slug = match["name"].removeprefix(prefix)
-            f1 = 100 * float(run["metrics"]["ents_f"] or 0.0)
+            f1 = 100 * float(main_score(run["metrics"]) or 0.0)
             scores.setdefault(by_slug.get(slug, slug), {})[int(match["seed"])] = f1
     return scores
 

@@ -1,4 +1,6 @@
 """scripts/convert_corpus.py: corpora to DocBin files (sentences, documents, their mix)."""
+import dataclasses
+
 import pytest
 
 from scripts import convert_corpus
@@ -129,3 +131,43 @@ def test_convert_groups_sentences_into_documents_keeping_sentence_starts(tmp_pat
     assert convert_corpus.convert_file(source, tmp_path / "one.spacy", **common)["docs"] == 3
     with pytest.raises(ValueError, match="group 'articles'"):
         convert_corpus.convert_file(source, tmp_path / "bad.spacy", group="articles", **common)
+
+
+def test_conll03_preset_keeps_chunks_and_part_of_speech_beside_the_entities(tmp_path):
+    (tmp_path / "assets" / "conll2003").mkdir(parents=True)
+    for name in ("train.txt", "valid.txt", "test.txt"):
+        (tmp_path / "assets" / "conll2003" / name).write_text(CONLL_LIKE, encoding="utf8")
+    convert_corpus.convert_preset("conll03", tmp_path / "out", root=tmp_path, quiet=True)
+    first = read_docs(tmp_path / "out" / "dev.spacy")[0]
+    assert [(e.text, e.label_) for e in first.ents] == [("EU", "ORG"), ("German", "MISC")]
+    assert [(s.text, s.label_) for s in first.spans["chunks"]] == [("EU", "NP"), ("rejects", "VP"), ("German", "NP")]
+    assert [t.tag_ for t in first] == ["NNP", "VBZ", "JJ"]
+    article = read_docs(tmp_path / "out" / "test.doc.spacy")[0]  # chunks never cross a sentence
+    assert [s.text for s in article.spans["chunks"]] == ["EU", "rejects", "German", "Peter Blackburn"]
+
+
+def test_conll2000_preset_holds_out_the_end_of_train_as_dev(tmp_path, monkeypatch):
+    folder = tmp_path / "assets" / "conll2000"
+    folder.mkdir(parents=True)
+    sentences = [f"Word{i} NN B-NP\nruns VBZ B-VP\n. . O\n" for i in range(12)]
+    (folder / "train.txt").write_text("\n".join(sentences), encoding="utf8")
+    (folder / "test.txt").write_text(sentences[0], encoding="utf8")
+    monkeypatch.setitem(convert_corpus.PRESETS, "conll2000",
+                        dataclasses.replace(convert_corpus.PRESETS["conll2000"], dev_from_train=4))
+    stats = convert_corpus.convert_preset("conll2000", tmp_path / "out", root=tmp_path, quiet=True)
+    train, dev = read_docs(tmp_path / "out" / "train.spacy"), read_docs(tmp_path / "out" / "dev.spacy")
+    assert [d[0].text for d in train] == [f"Word{i}" for i in range(8)]
+    assert [d[0].text for d in dev] == [f"Word{i}" for i in range(8, 12)]  # disjoint from train
+    assert stats["dev"]["chunks"] == 8 and not dev[0].ents
+    assert [t.tag_ for t in dev[0]] == ["NN", "VBZ", "."]
+    monkeypatch.setitem(convert_corpus.PRESETS, "conll2000",
+                        dataclasses.replace(convert_corpus.PRESETS["conll2000"], dev_from_train=12))
+    with pytest.raises(SystemExit, match="too few to hold out 12"):
+        convert_corpus.convert_preset("conll2000", tmp_path / "out", root=tmp_path, quiet=True)
+
+
+def test_a_bad_chunk_tag_names_its_line(tmp_path):
+    source = tmp_path / "c.txt"
+    source.write_text("EU NNP NP B-ORG\n", encoding="utf8")
+    with pytest.raises(ValueError, match=r"c.txt:1: not an IOB tag: 'NP'"):
+        convert_corpus.convert_file(source, tmp_path / "o.spacy", tag_col=3, chunk_col=2, sep="whitespace")

@@ -81,3 +81,13 @@ def test_report_goals_judge_gaps_against_the_spread_over_seeds():
     assert report.comparisons(runs, {"x-none": row(80.0, 1.0, 3)}) == []  # no unmasked run: no goal
     one_each = report.comparisons({}, {"x-none": row(80.0, 0.0, 1), "x-all": row(90.0, 0.0, 1)})
     assert one_each[0] == "| x-all − x-none > 3 sd, sentences | 90.00 vs 80.00 | +10.00 | – | not judged (1 / 1 seeds) |"
+
+
+def test_the_headline_score_is_ner_then_a_span_group_then_tagging():
+    chunks = {"spans_chunks_f": 0.9, "spans_chunks_p": 0.8, "spans_chunks_r": 1.0,
+              "spans_chunks_per_type": {"NP": {"f": 0.95}}, "tag_acc": 0.97}
+    assert report.main_score(chunks) == 0.9 and report.main_score(chunks, "p") == 0.8
+    assert report.per_type(chunks) == {"NP": {"f": 0.95}}
+    assert report.main_score({"ents_f": 0.5, **chunks}) == 0.5
+    assert report.main_score({"tag_acc": 0.97}) == 0.97 and report.main_score({"tag_acc": 0.97}, "p") is None
+    assert report.main_score({"speed": 100}) is None

@@ -1,5 +1,6 @@
 """scripts/runs.py: training campaigns (settings x seeds) and the sweep's plot and table."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -133,3 +134,18 @@ def test_runs_resume_and_refuse_bad_settings(toy_corpus, capsys):
     ]:
         with pytest.raises(SystemExit, match=message):
             dry_run(toy_corpus, capsys, *args)
+
+
+@pytest.mark.parametrize("config, block", [
+    ("ner.cfg", "components.ner.model.tok2vec"),
+    ("chunk.cfg", "components.chunker.model.tok2vec"),
+    ("tagger.cfg", "components.tagger.model.tok2vec"),
+    ("multitask.cfg", "components.tok2vec.model"),
+])
+def test_backbone_settings_reach_the_decoder_of_every_config(config, block):
+    assert runs.backbone_block(Path("configs") / config) == block
+
+
+def test_a_config_without_a_decoder_refuses_backbone_settings():
+    with pytest.raises(SystemExit, match="0 decoder blocks"):
+        runs.backbone_block(Path("configs") / "baseline_cnn.cfg")

@@ -36,13 +36,20 @@ from tiny_models import (
 )
 
 ROOT = Path(__file__).parent.parent
-CONFIGS = sorted((ROOT / "configs").glob("ner*.cfg"))
+# every config with a decoder (the baselines have none)
+CONFIGS = sorted(p for p in (ROOT / "configs").glob("*.cfg") if "DecoderTok2Vec" in p.read_text())
 TEMPLATES = [
     ("Yesterday Peter Blackburn visited Brussels .", [("Peter Blackburn", "PER"), ("Brussels", "LOC")]),
     ("EU rejects German call to boycott lamb .", [("EU", "ORG")]),
     ("Peter Blackburn said nothing .", [("Peter Blackburn", "PER")]),
     ("The talks in Brussels ended .", [("Brussels", "LOC")]),
 ]
+CHUNKS = {  # chunks of each template: doc.spans["chunks"]
+    TEMPLATES[0][0]: [("Yesterday", "NP"), ("Peter Blackburn", "NP"), ("visited", "VP"), ("Brussels", "NP")],
+    TEMPLATES[1][0]: [("EU", "NP"), ("rejects", "VP"), ("German call", "NP"), ("to boycott", "VP"), ("lamb", "NP")],
+    TEMPLATES[2][0]: [("Peter Blackburn", "NP"), ("said", "VP"), ("nothing", "NP")],
+    TEMPLATES[3][0]: [("The talks", "NP"), ("in", "PP"), ("Brussels", "NP"), ("ended", "VP")],
+}
 TAGS = {"Peter": "NNP", "Blackburn": "NNP", "Brussels": "NNP", "EU": "NNP", ".": "."}
 
 
@@ -54,7 +61,8 @@ def make_examples(nlp, n=16, seed=0):
         doc = nlp.make_doc(text)
         spans = [(text.index(t), text.index(t) + len(t), label) for t, label in ents]
         tags = [TAGS.get(tok.text, "XX") for tok in doc]
-        examples.append(Example.from_dict(doc, {"entities": spans, "tags": tags}))
+        chunks = [(text.index(t), text.index(t) + len(t), label) for t, label in CHUNKS[text]]
+        examples.append(Example.from_dict(doc, {"entities": spans, "tags": tags, "spans": {"chunks": chunks}}))
     return examples
 
 
@@ -65,19 +73,17 @@ def tiny_nlp(config_path, model_dir, **overrides):
     default config cuts Gemma 3's top six)."""
     overrides = {"lora_alpha": 2, "num_layers": 0, **overrides}
     config = spacy.util.load_config(config_path, interpolate=True)
-    for section in ("components.ner.model.tok2vec", "components.tok2vec.model"):
-        node = config
-        try:
-            for key in section.split("."):
-                node = node[key]
-        except KeyError:
-            continue
-        if node.get("@architectures") == "spacy_unmask.DecoderTok2Vec.v1":
-            node.update({"name": model_dir, "dtype": "float32", **overrides})
-    for listener in ("ner", "tagger"):
-        t2v = config["components"].get(listener, {}).get("model", {}).get("tok2vec", {})
-        if t2v.get("@architectures") == "spacy.Tok2VecListener.v1":
-            t2v["width"] = 32
+
+    def fit(node):
+        if isinstance(node, dict):
+            if node.get("@architectures") == "spacy_unmask.DecoderTok2Vec.v1":
+                node.update({"name": model_dir, "dtype": "float32", **overrides})
+            if node.get("@architectures") == "spacy.Tok2VecListener.v1":
+                node["width"] = 32  # the tiny models' hidden size
+            for value in node.values():
+                fit(value)
+
+    fit(config["components"])
     return spacy.util.load_model_from_config(config, auto_fill=True)
 
 
@@ -232,12 +238,54 @@ def test_built_in_ner_on_the_decoder_backbone(tiny_dirs):
     assert nlp.evaluate(examples)["ents_f"] > 0.5
 
 
-def test_shared_backbone_feeds_ner_and_tagger(tiny_dirs):
-    nlp = tiny_nlp(ROOT / "configs" / "ner_shared.cfg", tiny_dirs("llama", "metaspace"))
+def test_one_decoder_pass_feeds_ner_chunks_and_tags(tiny_dirs, tmp_path):
+    nlp = tiny_nlp(ROOT / "configs" / "multitask.cfg", tiny_dirs("llama", "metaspace"))
     examples = make_examples(nlp, n=20)
     train(nlp, examples, steps=30, learn_rate=0.005)
     scores = nlp.evaluate(examples)
-    assert scores["tag_acc"] > 0.8 and scores["ents_f"] > 0.3
+    assert scores["tag_acc"] > 0.8 and scores["ents_f"] > 0.5 and scores["spans_chunks_f"] > 0.5
+    assert set(scores["spans_chunks_per_type"]) == {"NP", "VP", "PP"}
+    nlp.to_disk(tmp_path / "pipeline")
+    loaded = spacy.load(tmp_path / "pipeline")
+    backbone = get_backbone(loaded)
+    calls = []
+    backbone.model.register_forward_hook(lambda *_: calls.append(1))
+    texts = [eg.reference.text for eg in examples[:6]]
+    docs = list(loaded.pipe(texts, batch_size=3))
+    assert len(calls) == 2  # the decoder ran once per batch of three, not once per component
+
+    def annotations(doc):
+        return ([(e.text, e.label_) for e in doc.ents], [(s.text, s.label_) for s in doc.spans["chunks"]],
+                [t.tag_ for t in doc])
+
+    assert [annotations(d) for d in docs] == [annotations(d) for d in nlp.pipe(texts)]  # saved and loaded whole
+    assert all(len(d.spans["chunks"].attrs["scores"]) == len(d.spans["chunks"]) > 0 for d in docs)
+
+
+def test_span_target_learns_chunks_and_leaves_the_entities_alone(tiny_dirs):
+    nlp = tiny_nlp(ROOT / "configs" / "chunk.cfg", tiny_dirs("llama", "metaspace"))
+    examples = make_examples(nlp, n=20)
+    train(nlp, examples, steps=25)
+    chunker = nlp.get_pipe("chunker")
+    assert set(chunker.labels) == {"NP", "VP", "PP"}  # from doc.spans["chunks"], not doc.ents
+    doc = nlp.make_doc("The talks in Brussels ended .")
+    doc.ents = [doc.char_span(13, 21, label="LOC")]
+    doc = chunker(doc)
+    assert [(e.text, e.label_) for e in doc.ents] == [("Brussels", "LOC")]  # untouched
+    assert [(s.text, s.label_) for s in doc.spans["chunks"]] == [
+        ("The talks", "NP"), ("in", "PP"), ("Brussels", "NP"), ("ended", "VP")]
+    scores = nlp.evaluate(examples)
+    assert scores["spans_chunks_f"] > 0.9 and "ents_f" not in scores
+
+
+def test_span_target_refuses_candidates(tiny_dirs):
+    nlp = spacy.blank("en")
+    with pytest.raises(ValueError, match="candidates_min_score needs target = 'ents'"):
+        nlp.add_pipe("unmask_ner", config={"target": "spans", "candidates_min_score": 0.1,
+                                           "model": {"tok2vec": {"name": tiny_dirs("llama")}}})
+    with pytest.raises(ValueError, match="target .*accepted"):
+        spacy.blank("en").add_pipe("unmask_ner", config={"target": "chunks",
+                                                          "model": {"tok2vec": {"name": tiny_dirs("llama")}}})
 
 
 def test_spacy_evaluate_reports_ents_f(tmp_path, trained):

@@ -1,4 +1,4 @@
-"""`unmask_ner`: token-classification NER on a decoder backbone, as in the papers.
+"""`unmask_ner`: token-classification NER (or any labelled spans) on a decoder backbone.
 
 Dropout and a softmax layer over BILUO (or BIO) tags on top of the per-token
 vectors; cross-entropy on the gold tags of `Example.get_aligned_ner()` (tokens
@@ -11,6 +11,10 @@ to `doc.spans[spans_key]` with `attrs["scores"]`, as spaCy's spancat does; entit
 scoring below `threshold` are left out of `doc.ents`. `entity_bias` moves the decoding
 itself towards more entities (recall) or fewer (precision); `scripts/fit_bias.py` fits it
 on dev.
+
+`target = "spans"` makes it a labeller of other non-overlapping spans, such as chunks:
+it learns from the reference's `doc.spans[spans_key]` instead of `doc.ents`, writes only
+that span group, and leaves `doc.ents` to an NER component beside it.
 """
 import math
 from itertools import islice
@@ -20,7 +24,7 @@ import numpy as np
 from spacy.language import Language
 from spacy.pipeline import TrainablePipe
 from spacy.tokens import Doc, Span, SpanGroup
-from spacy.training import Example, biluo_to_iob, validate_examples
+from spacy.training import Example, biluo_to_iob, offsets_to_biluo_tags, validate_examples
 from spacy.util import registry
 from thinc.api import Config
 from thinc.api import Model, SequenceCategoricalCrossentropy, chain, set_dropout_rate, with_array
@@ -28,11 +32,13 @@ from thinc.types import Floats2d
 
 from ..pipeline_files import check_not_linked, read_component
 from ..settings import is_number, one_of, require
+from . import scoring  # noqa: F401  (registers spacy_unmask.span_scorer.v1)
 from .crf import crf_loss
 from .marginals import SpanLattice, Spans
 from .viterbi import tag_names, viterbi
 
 LOSSES = ("cross_entropy", "crf")
+TARGETS = ("ents", "spans")
 
 DEFAULT_CONFIG = """
 [model]
@@ -59,19 +65,27 @@ def TokenClassifier(tok2vec: Model[List[Doc], List[Floats2d]], dropout: float = 
     return model
 
 
+# The component's settings and their defaults, written once: the factory's default config,
+# make_unmask_ner (which spaCy always calls with every one) and UnmaskNER take them from here.
+DEFAULTS = {
+    "scheme": "BILUO",
+    "spans_key": "ner",
+    "threshold": 0.0,
+    "candidates_min_score": None,
+    "temperature": 1.0,
+    "entity_bias": 0.0,
+    "loss": "cross_entropy",
+    "target": "ents",
+}
+
+
 @Language.factory(
     "unmask_ner",
     assigns=["doc.ents", "token.ent_iob", "token.ent_type", "doc.spans"],
     default_config={
         "model": Config().from_str(DEFAULT_CONFIG)["model"],
-        "scheme": "BILUO",
-        "spans_key": "ner",
-        "threshold": 0.0,
-        "candidates_min_score": None,
-        "temperature": 1.0,
-        "entity_bias": 0.0,
-        "loss": "cross_entropy",
-        "scorer": {"@scorers": "spacy.ner_scorer.v1"},
+        **DEFAULTS,
+        "scorer": {"@scorers": "spacy_unmask.span_scorer.v1"},
     },
     default_score_weights={"ents_f": 1.0, "ents_p": 0.0, "ents_r": 0.0, "ents_per_type": None},
 )
@@ -81,12 +95,13 @@ def make_unmask_ner(
     model: Model,
     scheme: str,
     scorer: Optional[Callable],
-    spans_key: str = "ner",
-    threshold: float = 0.0,
-    candidates_min_score: Optional[float] = None,
-    temperature: float = 1.0,
-    entity_bias: float = 0.0,
-    loss: str = "cross_entropy",
+    spans_key: str,
+    threshold: float,
+    candidates_min_score: Optional[float],
+    temperature: float,
+    entity_bias: float,
+    loss: str,
+    target: str,
 ):
     """Token-classification NER with constrained decoding and a score per entity.
 
@@ -108,10 +123,14 @@ def make_unmask_ner(
     loss (str): "cross_entropy" (token-wise, the papers' loss) or "crf": the negative
         log-likelihood of the gold tag sequence over the constrained lattice that
         decoding uses (a linear-chain CRF without learned transitions; `crf.py`).
+    target (str): "ents" (learn from and write `doc.ents`, and the span group) or "spans"
+        (learn from and write only `doc.spans[spans_key]`, e.g. chunks, with the decoded
+        spans scoring at least `threshold` and their scores; no candidates).
     """
     return UnmaskNER(
         nlp.vocab, model, name, scheme=scheme, scorer=scorer, spans_key=spans_key, threshold=threshold,
         candidates_min_score=candidates_min_score, temperature=temperature, entity_bias=entity_bias, loss=loss,
+        target=target,
     )
 
 
@@ -132,14 +151,15 @@ class UnmaskNER(TrainablePipe):
         model: Model,
         name: str = "unmask_ner",
         *,
-        scheme: str = "BILUO",
+        scheme: str = DEFAULTS["scheme"],
         scorer=None,
-        spans_key: str = "ner",
-        threshold: float = 0.0,
-        candidates_min_score: Optional[float] = None,
-        temperature: float = 1.0,
-        entity_bias: float = 0.0,
-        loss: str = "cross_entropy",
+        spans_key: str = DEFAULTS["spans_key"],
+        threshold: float = DEFAULTS["threshold"],
+        candidates_min_score: Optional[float] = DEFAULTS["candidates_min_score"],
+        temperature: float = DEFAULTS["temperature"],
+        entity_bias: float = DEFAULTS["entity_bias"],
+        loss: str = DEFAULTS["loss"],
+        target: str = DEFAULTS["target"],
     ):
         tag_names([], scheme)  # validates the scheme
         self.vocab = vocab
@@ -164,6 +184,10 @@ class UnmaskNER(TrainablePipe):
         self.entity_bias = require("entity_bias", entity_bias, is_number(entity_bias) and math.isfinite(entity_bias),
                                    "a finite number", where)
         self.loss = one_of("loss", loss, LOSSES, where)
+        self.target = one_of("target", target, TARGETS, where)
+        if self.target == "spans" and self.candidates_min_score is not None:
+            raise ValueError(f"{where}candidates_min_score needs target = 'ents' (with target = 'spans' the span "
+                             f"group is the output, and candidates would overlap it); set it to null")
         self._span_lattice: Optional[SpanLattice] = None
 
     @property
@@ -193,14 +217,18 @@ class UnmaskNER(TrainablePipe):
         found = set(labels or [])
         if labels is None:
             for eg in get_examples():
-                found.update(ent.label_ for ent in eg.reference.ents)
+                found.update(span.label_ for span in self._gold_spans(eg.reference))
         for label in sorted(found):
             self.add_label(label)
         if not self.cfg["labels"]:
+            where = "entities" if self.target == "ents" else f"spans in doc.spans[{self.spans_key!r}]"
             raise ValueError(
-                f"[{self.name}] no entity labels: the training examples have no entities "
+                f"[{self.name}] no labels: the training examples have no {where} "
                 "and no labels were given in [initialize.components]"
             )
+
+    def _gold_spans(self, doc: Doc):
+        return doc.ents if self.target == "ents" else doc.spans.get(self.spans_key, [])
 
     def predict(self, docs: List[Doc]) -> List[Prediction]:
         return self.decode(self.logits(docs))
@@ -249,9 +277,17 @@ class UnmaskNER(TrainablePipe):
         labels = self._lattice().labels
         for doc, found in zip(docs, predictions):
             spans = [Span(doc, int(s), int(e), label=labels[x]) for s, e, x in zip(*found.spans)]
-            doc.spans[self.spans_key] = SpanGroup(doc, name=self.spans_key, spans=spans,
-                                                  attrs={"scores": found.scores})
-            doc.ents = [span for span, score in zip(spans[: found.n_decoded], found.scores) if score >= self.threshold]
+            scores = found.scores
+            kept = [i for i in range(found.n_decoded) if scores[i] >= self.threshold]
+            if self.target == "spans":
+                spans, scores = [spans[i] for i in kept], scores[kept]
+            doc.spans[self.spans_key] = SpanGroup(doc, name=self.spans_key, spans=spans, attrs={"scores": scores})
+            if self.target == "ents":
+                doc.ents = [spans[i] for i in kept]
+
+    def score(self, examples: Iterable[Example], **kwargs) -> Dict:
+        # The scorer learns where this component's spans are (`span_scorer`).
+        return super().score(examples, **{"target": self.target, "spans_key": self.spans_key, **kwargs})
 
     def update(self, examples: Iterable[Example], *, drop: float = 0.0, sgd=None, losses=None):
         losses = {} if losses is None else losses
@@ -294,7 +330,7 @@ class UnmaskNER(TrainablePipe):
         known = set(self.tags)
         truths = []
         for eg in examples:
-            gold = eg.get_aligned_ner()
+            gold = eg.get_aligned_ner() if self.target == "ents" else self._aligned_span_tags(eg)
             if self.cfg["scheme"] == "BIO":
                 gold = _biluo_to_bio_keep_missing(gold)
             # Missing ("-") or misaligned (None) gold tags carry no signal.
@@ -309,6 +345,15 @@ class UnmaskNER(TrainablePipe):
         loss_func = SequenceCategoricalCrossentropy(names=self.tags, normalize=False, missing_value=None)
         d_scores, loss = loss_func(scores, truths)
         return float(loss), d_scores
+
+
+    def _aligned_span_tags(self, eg: Example) -> List[Optional[str]]:
+        """BILUO tags on the predicted tokens from the reference's span group (as
+        `get_aligned_ner` does for entities); all missing where the reference lacks it."""
+        if self.spans_key not in eg.reference.spans:
+            return [None] * len(eg.predicted)
+        spans = eg.get_aligned_spans_y2x(eg.reference.spans[self.spans_key], allow_overlap=False)
+        return offsets_to_biluo_tags(eg.predicted, [(s.start_char, s.end_char, s.label_) for s in spans], missing="O")
 
 
 def _check_finite(pipe: "UnmaskNER") -> None:
