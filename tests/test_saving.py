@@ -83,7 +83,13 @@ def test_load_predict_save_is_byte_identical(model_dir, tmp_path, dtype):
         assert (again / path).read_bytes() == (first / path).read_bytes(), path
 
 
-def test_saved_backbone_holds_no_machine_path(model_dir, saved):
+def test_saved_pipeline_holds_no_machine_path(model_dir, saved):
+    for path in saved.rglob("*"):
+        if path.is_file():
+            assert model_dir.encode() not in path.read_bytes(), path
+    config = spacy.util.load_config(saved / "config.cfg")
+    assert config["components"]["ner"]["model"]["tok2vec"]["name"] == Path(model_dir).name
+    assert spacy.load(saved)("Peter Blackburn visited Brussels .") is not None
     backbone = read_backbone(saved / "ner" / "model")
     config = json.loads(backbone["config"])
     assert "_name_or_path" not in config

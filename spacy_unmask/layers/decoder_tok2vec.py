@@ -97,7 +97,28 @@ def forward(model: Model, docs: List[Doc], is_train: bool):
 def _settings_to_bytes(_, value: BackboneSettings, name: str, model: Model) -> bytes:
     import srsly
 
-    return srsly.msgpack_dumps(value.to_dict())
+    return srsly.msgpack_dumps({**value.to_dict(), "name": portable_name(value.name, value.save_mode)})
+
+
+def portable_name(name: str, save_mode: str) -> str:
+    """The setting `name` as a saved pipeline keeps it: a full pipeline holds its model, so
+    of a path only the last part is kept (where its author kept the model is no one's business)."""
+    from ..base_model import base_kind
+
+    return Path(name).name if save_mode == "full" and base_kind(name) == "path" else name
+
+
+def hide_machine_paths(nlp, pipe_name: str) -> None:
+    """Replace the path in `name` of every full-mode backbone block in the config of
+    `pipe_name` by its last part, once the backbone is loaded (config.cfg is written from it)."""
+    def walk(block):
+        if isinstance(block, dict):
+            if block.get("@architectures") == "spacy_unmask.DecoderTok2Vec.v1" and isinstance(block.get("name"), str):
+                block["name"] = portable_name(block["name"], block.get("save_mode", "full"))
+            for value in block.values():
+                walk(value)
+
+    walk(nlp.get_pipe_config(pipe_name))
 
 
 @deserialize_attr.register(BackboneSettings)

@@ -31,6 +31,7 @@ from thinc.api import Model, SequenceCategoricalCrossentropy, chain, set_dropout
 from thinc.types import Floats2d
 
 from ..pipeline_files import check_not_linked, read_component
+from ..layers.decoder_tok2vec import hide_machine_paths
 from ..settings import is_number, one_of, require
 from . import scoring  # noqa: F401  (registers spacy_unmask.span_scorer.v1)
 from .crf import crf_loss
@@ -212,6 +213,8 @@ class UnmaskNER(TrainablePipe):
         sample = [eg.reference for eg in islice(get_examples(), 10)]
         self.model.get_ref("output_layer").set_dim("nO", len(self.tags))
         self.model.initialize(X=sample)
+        if nlp is not None:  # a saved full pipeline keeps no path of this machine in config.cfg
+            hide_machine_paths(nlp, self.name)
 
     def _require_labels_from(self, get_examples, labels) -> None:
         found = set(labels or [])
