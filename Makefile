@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --upgrade pip
 	$(VENV)/bin/python -c "import torch" 2>/dev/null || $(VENV)/bin/python -m pip install -q "$(TORCH_SPEC)"
-	$(VENV)/bin/python -m pip install -q -e ".[dev,ray]"
+	$(VENV)/bin/python -m pip install -q -e ".[dev,ray,qlora]"
 	touch $@
 
 venv-t4: $(VENV_T4)/.installed

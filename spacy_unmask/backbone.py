@@ -17,7 +17,9 @@ import torch
 import transformers
 from torch import nn
 
+from .base_quantization import install_quantized, is_quantized, quantize_base, quantized_shells
 from .base_model import base_record
+from . import cpu
 from .pooling import pool_pieces
 from .windows import PieceBatch, plan_batch
 from .fused import fuse_rms_norms
@@ -42,16 +44,10 @@ def _one_thread_in_forked_child() -> None:
 os.register_at_fork(after_in_child=_one_thread_in_forked_child)
 
 
-def bf16_supported() -> bool:
-    if torch.cuda.is_available():
-        return torch.cuda.is_bf16_supported()
-    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
-
-
 def resolve_dtypes(dtype: str, finetune: str) -> Tuple[torch.dtype, Optional[torch.dtype]]:
     """(dtype of the stored weights, autocast dtype or None) for a `dtype` setting."""
     if dtype == "auto":
-        dtype = "bfloat16" if bf16_supported() else "float32"
+        dtype = "bfloat16" if cpu.bf16_supported() else "float32"
     compute = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
     # Trainable weights must stay float32: the optimizer works on numpy copies.
     weights = torch.float32 if compute is None or finetune == "full" else compute
@@ -81,6 +77,8 @@ class Backbone(nn.Module):
                 f"attention implementation {impl!r} cannot take per-layer masks; use 'sdpa' or 'eager'"
             )
         self.additive = impl == "eager"
+        # A 4- or 8-bit base (base_quantization) runs LoRA beside it, never folded in.
+        self.quantized_base = is_quantized(model)
         self.unmasked = settings.unmask_spec.layers(config.num_hidden_layers)
         self.windows = layer_windows(config)
         for index, layer in enumerate(decoder_layers(model)):
@@ -115,12 +113,16 @@ class Backbone(nn.Module):
         model from the directory `base`, found and checked by `base_model.verified_base`)
         and the saved weights in `state`."""
         if settings.save_mode == "full":
-            weights_dtype, _ = resolve_dtypes(settings.dtype, settings.finetune)
+            weights_dtype, compute_dtype = resolve_dtypes(settings.dtype, settings.finetune)
             model = decoder_from_config(config, attn_implementation=settings.attn_implementation, dtype=weights_dtype)
+            if settings.base_quantization != "none":
+                model = quantized_shells(model, settings.base_quantization, compute_dtype)
         else:
             model, _ = _load_base(settings, str(base))
         model = apply_finetuning(model, settings)
+        installed = install_quantized(model, state) if settings.save_mode == "full" else set()
         missing, unexpected = model.load_state_dict(state, strict=False)
+        missing = [k for k in missing if k not in installed]
         if settings.save_mode == "adapter":
             missing = [k for k in missing if "lora_" in k]  # the base weights came from `name`
         if unexpected or missing:
@@ -129,7 +131,7 @@ class Backbone(nn.Module):
                 f"missing {list(missing)[:5]}, unexpected {list(unexpected)[:5]}"
             )
         backbone = cls._make(model, tokenizer, settings)
-        backbone.merge_for_inference = settings.finetune == "lora"
+        backbone.merge_for_inference = settings.finetune == "lora" and not backbone.quantized_base
         return backbone
 
     @classmethod
@@ -182,7 +184,7 @@ class Backbone(nn.Module):
 
     def predict(self, batch: PieceBatch) -> List[torch.Tensor]:
         quantized = self.predicts_in_int8
-        self.set_merged(self.merge_for_inference and not quantized)
+        self.set_merged(self.merge_for_inference and not quantized and not self.quantized_base)
         self.set_quantized(quantized)
         if self.training or self.model.training:
             # only after a training step: eval() walks every submodule (~1% of nlp.pipe)
@@ -255,10 +257,12 @@ class Backbone(nn.Module):
 
     @property
     def predicts_in_int8(self) -> bool:
-        """quantize "int8", or "auto" where dtype "auto" found no bfloat16 on a CPU."""
+        """quantize "int8", or "auto" where dtype "auto" found no bfloat16 on a CPU whose int8
+        products are exact (`cpu.int8_products_exact`)."""
         quantize = self.settings.quantize
         no_bfloat16 = self.settings.dtype == "auto" and self.compute_dtype is None and self.device.type == "cpu"
-        return quantize == "int8" or (quantize == "auto" and no_bfloat16)
+        auto = quantize == "auto" and no_bfloat16 and cpu.int8_products_exact()
+        return not self.quantized_base and (quantize == "int8" or auto)
 
     @property
     def quantized(self) -> bool:
@@ -273,6 +277,13 @@ class Backbone(nn.Module):
                 raise ValueError(
                     f"quantize = \"int8\" runs on the CPU only (torch's int8 matrix multiply); on {self.device} "
                     "use quantize = \"none\" with dtype = \"bfloat16\""
+                )
+            if not cpu.int8_products_exact():
+                raise ValueError(
+                    "quantize = \"int8\" needs int8 matrix products that are exact, and this CPU's are not "
+                    "(without VNNI, oneDNN adds int8 products in saturating 16-bit sums, or it is held to such an "
+                    "instruction set by ONEDNN_MAX_CPU_ISA / DNNL_MAX_CPU_ISA): use quantize = \"none\" "
+                    "(or \"auto\", which predicts in int8 only where that is exact)"
                 )
             self.set_merged(False)
             self._unquantized = quantize_linears(self.model)
@@ -299,15 +310,18 @@ def _load_base(settings: BackboneSettings, name: Optional[str] = None):
     """The base decoder `name` (default: the one named in the settings), cut to
     `num_layers`, and its tokenizer."""
     name = name or settings.name
-    weights_dtype, _ = resolve_dtypes(settings.dtype, settings.finetune)
+    weights_dtype, compute_dtype = resolve_dtypes(settings.dtype, settings.finetune)
     config = load_config(name, trust_remote_code=settings.trust_remote_code, num_layers=settings.num_layers)
-    return load_decoder(
+    model, tokenizer = load_decoder(
         name,
         config,
         attn_implementation=settings.attn_implementation,
         dtype=weights_dtype,
         trust_remote_code=settings.trust_remote_code,
     )
+    if settings.base_quantization != "none":
+        model = quantize_base(model, settings.base_quantization, compute_dtype)
+    return model, tokenizer
 
 
 def _training_attention(device_type: str):

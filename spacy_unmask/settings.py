@@ -21,6 +21,7 @@ SAVE_MODES = ("full", "adapter")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_IMPLEMENTATIONS = ("auto", "sdpa", "eager")
 QUANTIZE_MODES = ("auto", "none", "int8")
+BASE_QUANTIZATION_MODES = ("none", "nf4", "int8")
 
 
 @dataclass
@@ -85,6 +86,8 @@ class BackboneSettings:
     dtype: str = "auto"
     """"auto" (bfloat16 where the CPU or GPU supports it), "float32", "bfloat16",
     "float16". Frozen weights are stored in it; LoRA weights stay float32."""
+    base_quantization: str = "none"
+    """"nf4" or "int8": the frozen base held in 4 or 8 bits through bitsandbytes (QLoRA; docs/quantized-base.md); "none"."""
     attn_implementation: str = "auto"
     """"auto" (SDPA; eager for Gemma 2's soft-capping), "sdpa" or "eager"."""
     gradient_checkpointing: bool = False
@@ -106,6 +109,18 @@ class BackboneSettings:
         one_of("save_mode", self.save_mode, SAVE_MODES)
         one_of("dtype", self.dtype, DTYPES)
         one_of("quantize", self.quantize, QUANTIZE_MODES)
+        one_of("base_quantization", self.base_quantization, BASE_QUANTIZATION_MODES)
+        if self.base_quantization != "none" and self.finetune == "full":
+            raise ValueError(
+                f"base_quantization {self.base_quantization!r} holds the base weights in "
+                f"{self.base_quantization}, which cannot be trained: with finetune 'full' set "
+                "base_quantization 'none', or train LoRA (finetune 'lora') on the quantised base"
+            )
+        if self.base_quantization != "none" and self.quantize == "int8":
+            raise ValueError(
+                f"quantize 'int8' would quantise a base that base_quantization {self.base_quantization!r} "
+                "already holds quantised: set one of them (quantize 'auto' or 'none' with a quantised base)"
+            )
         require("attn_implementation", self.attn_implementation, self.attn_implementation in ATTENTION_IMPLEMENTATIONS,
                 f"one of {', '.join(ATTENTION_IMPLEMENTATIONS)} (FlashAttention ignores per-layer masks)")
         if self.save_mode == "adapter" and self.finetune == "full":
