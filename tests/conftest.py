@@ -128,5 +128,8 @@ def audit():
         def outside(self, *allowed):
             return _RECORDER.outside(*allowed)
 
+        def opened(self):
+            return _RECORDER.opened()
+
     yield Recording()
     _RECORDER.active = False

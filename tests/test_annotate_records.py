@@ -43,3 +43,55 @@ def test_input_kind_names_what_is_wrong(tmp_path):
     (tmp_path / "corpus.csv").write_text("text\n")
     with pytest.raises(UsageError, match=r"expected a \.jsonl file"):
         input_kind(str(tmp_path / "corpus.csv"))
+
+
+# --- hostile input ------------------------------------------------------------------------
+
+
+def test_links_in_a_txt_folder_are_not_followed(tmp_path, audit):
+    from spacy_unmask.annotate.records import iter_records
+
+    secret = tmp_path / "secret.txt"
+    secret.write_text("secret-value")
+    folder = tmp_path / "input"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "a.txt").write_text("Peter visited Berlin .")
+    (folder / "link.txt").symlink_to(secret)
+    (folder / "environ.txt").symlink_to("/proc/self/environ")
+    (folder / "linked-dir").symlink_to(tmp_path, target_is_directory=True)
+    with audit:
+        records = {r.id: r for r in iter_records(folder)}
+    assert records["a.txt"].text == "Peter visited Berlin ."
+    for name in ("link.txt", "environ.txt"):
+        assert records[name].text is None and "symbolic link" in records[name].reason
+    assert not any("secret-value" in (r.text or "") + (r.raw or "") for r in records.values())
+    assert audit.outside(folder) == []
+
+
+def test_a_txt_file_too_long_is_not_read(tmp_path, audit):
+    from spacy_unmask.annotate.records import iter_records
+
+    folder = tmp_path / "input"
+    folder.mkdir()
+    with (folder / "huge.txt").open("wb") as f:
+        f.truncate(1 << 30)  # sparse
+    with audit:
+        (record,) = iter_records(folder, max_chars=1000)
+    assert record.text is None and "more than --max-chars 1000" in record.reason
+    assert [p for p, _ in audit.opened() if p.endswith("huge.txt")] == []
+
+
+def test_one_hostile_jsonl_line_never_stops_the_run(tmp_path):
+    import time
+
+    from spacy_unmask.annotate.records import EXCERPT_BYTES, iter_records
+
+    path = tmp_path / "in.jsonl"
+    long_line = b'{"text": "' + b"x" * (8 << 20)  # no closing quote, no newline
+    path.write_bytes(b'{"text": "a"}\n' + b"[" * 200_000 + b"\n" + b'{"text": "b"}\n' + long_line)
+    start = time.monotonic()
+    records = list(iter_records(path))
+    assert time.monotonic() - start < 10
+    assert [r.text for r in records] == ["a", None, "b", None]
+    assert "nested too deeply" in records[1].reason
+    assert all(len(r.raw) < EXCERPT_BYTES + 100 for r in records if r.raw is not None)

@@ -5,6 +5,8 @@ numbers and reasons.
 """
 import dataclasses
 import json
+import os
+import stat
 from pathlib import Path
 from typing import Any, BinaryIO, Dict, Iterator, List, Optional, Union
 
@@ -12,6 +14,7 @@ PathLike = Union[str, Path]
 # spaCy's default nlp.max_length: longer texts would make the pipeline raise.
 DEFAULT_MAX_CHARS = 1_000_000
 _CHUNK_BYTES = 1 << 20
+EXCERPT_BYTES = 1000  # of a bad record, in its error row
 
 
 class UsageError(ValueError):
@@ -84,15 +87,17 @@ def _json_type(value: Any) -> str:
 
 
 def iter_lines(stream: BinaryIO) -> Iterator[bytes]:
-    """The lines of a binary stream, split at b"\\n" only (JSON strings may hold U+2028)."""
-    rest = b""
-    while True:
-        chunk = stream.read(_CHUNK_BYTES)
-        if not chunk:
-            break
-        parts = (rest + chunk).split(b"\n")
-        rest = parts.pop()
-        yield from parts
+    """The lines of a binary stream, split at b"\\n" only (JSON strings may hold U+2028), in
+    linear time however long a line is."""
+    pieces: List[bytes] = []
+    while chunk := stream.read(_CHUNK_BYTES):
+        parts = chunk.split(b"\n")
+        for part in parts[:-1]:
+            pieces.append(part)
+            yield b"".join(pieces)
+            pieces = []
+        pieces.append(parts[-1])
+    rest = b"".join(pieces)
     if rest:
         yield rest
 
@@ -103,19 +108,21 @@ def parse_jsonl_line(raw: bytes, line: int, text_field: str, id_field: str, max_
         raw = raw[3:]
     if not raw.strip():
         return None
-    shown = raw.decode("utf-8", "backslashreplace")
+    shown = excerpt(raw)
     try:
         decoded = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         try:  # the id may still be readable
             data = json.loads(raw.decode("utf-8", "replace"))
             value = data.get(id_field) if isinstance(data, dict) else None
-        except ValueError:
+        except (ValueError, RecursionError):
             value = None
         reason = f"not valid UTF-8: byte 0x{raw[e.start]:02x} at byte {e.start}"
         return Record(record_id(value, line), line, None, reason, shown)
     try:
         data = json.loads(decoded)
+    except RecursionError:
+        return Record(str(line), line, None, "not JSON this reader takes: nested too deeply", shown)
     except ValueError as e:
         reason = f"not JSON: {getattr(e, 'msg', e)} (column {getattr(e, 'colno', '?')})"
         return Record(str(line), line, None, reason, shown)
@@ -127,9 +134,18 @@ def parse_jsonl_line(raw: bytes, line: int, text_field: str, id_field: str, max_
     return Record(key, line, None, reason, shown) if reason else Record(key, line, text)
 
 
+def excerpt(raw: bytes) -> str:
+    """What an error row shows of a bad record: at most EXCERPT_BYTES of it."""
+    cut = raw[:EXCERPT_BYTES].decode("utf-8", "backslashreplace")
+    return cut if len(raw) <= EXCERPT_BYTES else cut + f"… ({len(raw)} bytes)"
+
+
 def jsonl_records(stream: BinaryIO, text_field: str, id_field: str, max_chars: int) -> Iterator[Record]:
     for line, raw in enumerate(iter_lines(stream), start=1):
-        record = parse_jsonl_line(raw, line, text_field, id_field, max_chars)
+        try:
+            record = parse_jsonl_line(raw, line, text_field, id_field, max_chars)
+        except Exception as e:  # one record never stops the run
+            record = Record(str(line), line, None, f"cannot be read ({type(e).__name__})", excerpt(raw))
         if record is not None:
             yield record
 
@@ -177,7 +193,7 @@ def _text_record(raw: Optional[bytes], id: str, line: Optional[int], field: str,
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         reason = f"not valid UTF-8: byte 0x{raw[e.start]:02x} at byte {e.start}"
-        return Record(id, line, None, reason, raw.decode("utf-8", "backslashreplace"))
+        return Record(id, line, None, reason, excerpt(raw))
     reason = text_problem(text, field, max_chars)
     return Record(id, line, None if reason else text, reason)
 
@@ -186,13 +202,36 @@ def txt_files(folder: PathLike) -> List[Path]:
     """The .txt files under `folder`, by relative path, skipping names that start with '.' or
     '_' (as Ray Data does when it lists a folder)."""
     folder = Path(folder)
-    names = {p.relative_to(folder).as_posix(): p for p in folder.rglob("*.txt") if p.is_file()}
+    names = {p.relative_to(folder).as_posix(): p for p in folder.rglob("*.txt") if p.is_file() or p.is_symlink()}
     return [names[name] for name in sorted(names) if not name.startswith((".", "_"))]
 
 
 def txt_record(content: bytes, id: str, max_chars: int) -> Record:
     """A .txt file as a record; its id is its path relative to INPUT (written in rows only)."""
     return _text_record(content, safe_text(id), None, "text", max_chars)
+
+
+def read_txt(file: Path, root: Path, max_chars: int) -> Record:
+    """The record of a .txt file under `root`: a link (or any other file that is not a
+    regular one, anywhere on its path under `root`) is not followed, and a file too long
+    for --max-chars is not read; each is an error row."""
+    id = file.relative_to(root).as_posix()
+    place = root
+    for part in file.relative_to(root).parts:
+        place = place / part
+        if os.path.islink(place):
+            return Record(safe_text(id), None, None, "a symbolic link under INPUT: not followed")
+    mode = os.lstat(file)
+    if not stat.S_ISREG(mode.st_mode):
+        return Record(safe_text(id), None, None, "not a regular file: not read")
+    if mode.st_size > 4 * max_chars:  # UTF-8 takes at most 4 bytes a character
+        return Record(safe_text(id), None, None, f"file has {mode.st_size} bytes, more than --max-chars {max_chars} allows")
+    with open(file, "rb", opener=_no_follow) as f:
+        return txt_record(f.read(), id, max_chars)
+
+
+def _no_follow(path, flags):
+    return os.open(path, flags | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
 
 
 def iter_records(
@@ -208,7 +247,7 @@ def iter_records(
         yield from parquet_records(str(path), text_field, id_field, max_chars)
     else:
         for file in txt_files(path):
-            yield txt_record(file.read_bytes(), file.relative_to(path).as_posix(), max_chars)
+            yield read_txt(file, path, max_chars)
 
 
 def count_input(path: PathLike) -> int:
@@ -227,7 +266,7 @@ def input_fingerprint(path: PathLike) -> Dict[str, int]:
     """Size and modification time of INPUT, to refuse resuming on a changed input."""
     path = Path(path)
     files = txt_files(path) if path.is_dir() else [path]
-    stats = [f.stat() for f in files]
+    stats = [os.lstat(f) for f in files]
     return {
         "files": len(files),
         "bytes": sum(s.st_size for s in stats),
