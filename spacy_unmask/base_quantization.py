@@ -38,13 +38,13 @@ from .families import decoder_layers
 # LLM.int8()'s outlier threshold (bitsandbytes' and transformers' default).
 INT8_THRESHOLD = 6.0
 INSTALL_HINT = "pip install 'spacy-unmask[qlora]' (bitsandbytes >= 0.47; on x86 CPUs it needs AVX2)"
+# bitsandbytes logs a warning for every int8 product ("inputs will be cast to float16"),
+# and one when peft first imports it where an optional kernel package is missing.
+logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
 
 
 def bitsandbytes():
-    """The bitsandbytes module, its warnings at each call silenced; a clear error without it."""
-    # It logs a warning for every int8 product ("inputs will be cast to float16") and
-    # one at import where an optional kernel package is missing.
-    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+    """The bitsandbytes module; a clear error where it is not installed."""
     try:
         import bitsandbytes as bnb
     except ImportError as err:
