@@ -38,7 +38,7 @@ def base_kind(name: str) -> str:
 
 def base_record(name: str) -> dict:
     """What an adapter pipeline saves about the base it was trained on (loaded from `name`)."""
-    from .download import REGISTRY_MODELS, model_dir
+    from .download import REGISTRY_MODELS
 
     kind = base_kind(name)
     if kind == "registry":

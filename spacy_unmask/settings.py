@@ -96,8 +96,9 @@ class BackboneSettings:
     """"full": base weights saved inside the pipeline; "adapter": LoRA weights only,
     the base is reloaded from `name`."""
     trust_remote_code: bool = False
-    """Allow code from the model repository (off by default). A saved pipeline that sets it
-    loads only where the loading process sets SPACY_UNMASK_TRUST_REMOTE_CODE=1 (saving.py)."""
+    """Allow code from the model repository (off by default). Wherever a base model is loaded
+    (nlp.initialize(), spacy.load), it takes effect only where the loading process sets
+    SPACY_UNMASK_TRUST_REMOTE_CODE=1 (opt_ins.py, docs/sharing.md)."""
 
     def __post_init__(self) -> None:
         self.lora_targets = list(self.lora_targets)
