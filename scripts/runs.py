@@ -63,6 +63,7 @@ UNMASK_KEY = "unmask"
 MODEL_KEY = "name"
 LAYERS_KEY = "num_layers"
 REPEAT_KEY = "repeat"
+BASE_QUANTIZATION_KEY = "base_quantization"
 DECODER = "spacy_unmask.DecoderTok2Vec.v1"
 HERE = Path(__file__).resolve().parent
 # "auto" split -> the document-level file to prefer, when the corpus has one
@@ -157,7 +158,7 @@ def train_command(args, run: dict) -> List[str]:
         "--gpu-id", str(args.gpu_id),
     ]
     settings = {UNMASK_KEY: run["spec"], MODEL_KEY: args.model or None, LAYERS_KEY: args.num_layers,
-                REPEAT_KEY: args.repeat}
+                REPEAT_KEY: args.repeat, BASE_QUANTIZATION_KEY: args.base_quantization}
     for key, value in settings.items():
         if value is not None:
             command += [f"--{backbone_block(args.config)}.{key}", str(value)]
@@ -422,6 +423,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--model", default="", help=f"backbone ({MODEL_KEY}; default: the config's)")
     r.add_argument("--num-layers", type=int, help=f"decoder layers kept ({LAYERS_KEY}: 0 all, N the first N, -N all but the last N; default: the config's)")
     r.add_argument("--repeat", type=int, help=f"sequence repetition ({REPEAT_KEY}: each window read N + 1 times; default: the config's)")
+    r.add_argument("--base-quantization", choices=("none", "nf4", "int8"),
+                   help=f"the frozen base in 4 or 8 bits ({BASE_QUANTIZATION_KEY}; default: the config's)")
     r.add_argument("--max-steps", type=int, default=0, help="training.max_steps per run (0: the config's)")
     r.add_argument("--gpu-id", type=int, default=-1)
     r.add_argument("--python", default=sys.executable, help="interpreter for spacy train / evaluate (default this one)")

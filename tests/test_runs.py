@@ -64,8 +64,10 @@ def dry_run(toy_corpus, capsys, *args):
 
 def test_runs_dry_run_names_runs_and_passes_settings(toy_corpus, capsys):
     code, out = dry_run(toy_corpus, capsys, "--specs", "middle", "0-3,10", "--seeds", "7", "8",
-                        "--prefix", "g-", "--max-steps", "5", "--model", "tiny", "--seqeval")
+                        "--prefix", "g-", "--max-steps", "5", "--model", "tiny", "--seqeval",
+                        "--base-quantization", "nf4")
     assert code == 0
+    assert "--components.ner.model.tok2vec.base_quantization nf4" in out
     for name in ("g-middle-seed7", "g-0-3_10-seed7", "g-middle-seed8", "g-0-3_10-seed8"):
         assert f"] {name}: " in out
     assert "--components.ner.model.tok2vec.unmask 0-3,10" in out and "--system.seed 8" in out
