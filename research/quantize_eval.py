@@ -91,8 +91,8 @@ def words_per_s(pipelines: dict, path: Path, rounds: int, batch_size: int, limit
 
 
 def main(argv=None) -> int:
-    from spacy_unmask.backbone import bf16_supported
-    from spacy_unmask.bench import cpu_flags, cpu_kind
+    from spacy_unmask.cpu import bf16_supported
+    from spacy_unmask.cpu import cpu_flags, cpu_kind
     from spacy_unmask.layers.decoder_tok2vec import load_with
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

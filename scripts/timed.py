@@ -3,9 +3,9 @@
     python -m scripts.timed --output metrics/wnut17/all.train.json -- \
         python -m spacy train configs/ner.cfg --output training/wnut17/all ...
 
-The sidecar holds the command, wall seconds, exit status, the machine (CPU model,
-cores, and whether the CPU multiplies bfloat16 natively, which decides what dtype
-"auto" trains in) and the peak resident set size of the children (`resource.getrusage(RUSAGE_CHILDREN).ru_maxrss`: the largest
+The sidecar holds the command, wall seconds, exit status, the machine
+(`spacy_unmask.cpu.machine`: CPU model, cores, flags, the kernels' caps, and whether
+dtype "auto" trains in bfloat16 there) and the peak resident set size of the children (`resource.getrusage(RUSAGE_CHILDREN).ru_maxrss`: the largest
 peak of any one waited-for descendant, in MiB; GPU memory is not included). A
 leading `python`/`python3` is replaced by this interpreter, as `spacy project run`
 does for its own commands. The exit status of the command is passed on; the sidecar
@@ -20,6 +20,8 @@ import subprocess
 import sys
 import time
 from datetime import datetime, timezone
+
+from spacy_unmask.cpu import machine
 from pathlib import Path
 from typing import List, Optional
 
@@ -29,21 +31,6 @@ def peak_rss_mib() -> float:
     maxrss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     # Linux reports KiB, macOS bytes.
     return maxrss / (1024 * 1024) if sys.platform == "darwin" else maxrss / 1024
-
-
-def machine() -> dict:
-    """CPU model, cores and native bfloat16 support (AVX-512 BF16 or AMX tiles)."""
-    model, flags = platform.processor() or platform.machine(), set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                model = value.strip()
-            elif key.strip() == "flags":
-                flags = set(value.split())
-    except OSError:
-        pass
-    return {"cpu": model, "cores": os.cpu_count(), "cpu_bf16": bool(flags & {"avx512_bf16", "amx_bf16"})}
 
 
 def run_timed(command: List[str]) -> dict:

@@ -12,10 +12,11 @@ pipeline's achieved rate (2 x non-embedding parameters x pieces/s) as a share
 of it.
 """
 import json
-import platform
 import resource
 import time
 from pathlib import Path
+
+from .cpu import machine
 
 
 def add_arguments(parser) -> None:
@@ -34,32 +35,6 @@ def add_arguments(parser) -> None:
     parser.add_argument("--train-batch", type=int, default=24, help="documents per training step")
     parser.add_argument("--profile", type=int, default=0, help="print the N costliest torch ops of two training steps")
     parser.add_argument("--output", type=Path, help="write the figures as JSON here")
-
-
-# The CPU features that decide which kernels run (bfloat16, int8 dot products, tiles).
-CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")
-
-
-def cpu_flags() -> list:
-    """The CPU_FLAGS this machine's CPU has (from /proc/cpuinfo; empty elsewhere)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return []
-    line = next((l for l in text.splitlines() if l.startswith("flags")), "")
-    have = set(line.split(":", 1)[-1].split())
-    return [flag for flag in CPU_FLAGS if flag in have]
-
-
-def cpu_kind(flags) -> str:
-    """A short name for the CPU class: amx, avx512bf16, avx512, avx2 or other."""
-    if "amx_tile" in flags:
-        return "amx"
-    if "avx512_bf16" in flags:
-        return "avx512bf16"
-    if "avx512f" in flags:
-        return "avx512"
-    return "avx2" if "avx2" in flags else "other"
 
 
 def peak_rss_mb() -> float:
@@ -144,8 +119,7 @@ def run(args) -> int:
         "pieces": pieces,
         "batch_size": args.batch_size,
         "torch_threads": torch.get_num_threads(),
-        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
-        "cpu_flags": cpu_flags(),
+        **machine(),  # CPU model, cores, flags and kernel caps (cpu.py)
         "torch": torch.__version__,
     }
     results["matmul_gflops"] = matmul_rate(compute_dtype or torch.float32, device)

@@ -5,8 +5,9 @@ adapter folded in first, exactly, in float32) by an `Int8Linear`: the weight is
 stored as int8 with one scale per output channel, and at each call every row
 (piece) of the input gets its own scale from its largest absolute value, so a
 piece with large activations does not crush the resolution of the others. The
-product runs as an int8 x int8 -> int32 matrix multiply (`torch._int_mm`, VNNI on
-x86 CPUs that have it) and is rescaled into the input's dtype.
+product runs as an int8 x int8 -> int32 matrix multiply (`int_product`: torch._int_mm,
+VNNI or AMX on x86 CPUs; used only where `cpu.int8_products_exact` finds it exact) and
+is rescaled into the input's dtype.
 
 Outlier channels: Gemma-style decoders carry a few input channels tens or hundreds
 of times larger than the rest (up to ~330 against a median channel maximum of ~4.5
@@ -16,7 +17,7 @@ channels with the largest magnitude in the batch are taken out of the int8 produ
 (and out of the row scales) and multiplied in the activations' own precision
 against their int8 weight rows (LLM.int8()'s decomposition, with the outliers
 chosen per batch, no calibration text needed). On Gemma 3's last hidden state this
-halves the relative error (0.21 -> 0.10); see BENCHMARKS.md, "int8".
+halves the relative error (0.21 -> 0.10); see docs/speed.md.
 
 The model stays a torch module: the per-layer mask hooks still see every layer.
 The stored full-precision weights are kept aside, never changed, and put back
@@ -25,7 +26,7 @@ saved with `quantize = "int8"` in its config keeps its full weights and loads
 quantised.
 
 Per-tensor activation scales (torch's legacy `quantize_dynamic`) moved Gemma 3's
-last hidden state by a relative error of 0.65; see BENCHMARKS.md, "int8".
+last hidden state by a relative error of 0.65; see docs/speed.md.
 """
 from typing import Dict, Tuple
 
@@ -36,8 +37,14 @@ from .families import decoder_layers
 from .lora import folded_weight
 
 # Input channels per call taken out of the int8 product and multiplied in the
-# activations' precision (BENCHMARKS.md, "int8": 8 -> 0.115, 16 -> 0.099, 32 -> 0.095).
+# activations' precision (the relative error of Gemma 3's last hidden state: 8 -> 0.115,
+# 16 -> 0.099, 32 -> 0.095; research/quantize_error.py).
 OUTLIER_CHANNELS = 16
+
+
+def int_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The exact int32 product of two int8 matrices (where `cpu.int8_products_exact`)."""
+    return torch._int_mm(a, b)
 
 
 class Int8Linear(nn.Module):
@@ -74,7 +81,7 @@ class Int8Linear(nn.Module):
         scale = self.weight_scale.to(x.dtype)
         if self.outliers:
             q.index_fill_(1, outliers, 0)
-        out = torch._int_mm(q, self.weight_t).to(x.dtype)
+        out = int_product(q, self.weight_t).to(x.dtype)
         out.mul_((top / 127.0).to(x.dtype)).mul_(scale)
         if self.outliers:
             outlier_rows = self.weight_t.index_select(0, outliers).to(x.dtype).mul_(scale)

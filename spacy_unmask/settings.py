@@ -79,10 +79,11 @@ class BackboneSettings:
     quantize: str = "auto"
     """"int8": at prediction, the decoder blocks' linear layers (LoRA folded in) run as int8 x
     int8 matrix multiplies, activations quantised per piece (`quantize.py`; CPU and
-    prediction only: training with it set is refused); "none": never; "auto": int8 where
-    `dtype = "auto"` found no bfloat16 on the CPU (there int8 predicts about 1.5x faster
-    than float32 at the same F1; BENCHMARKS.md, "int8"), else none. Saved weights stay full
-    precision; set it at load time with spacy.load(path, config=...)."""
+    prediction only: training with it set is refused; refused too where the CPU's int8
+    products are not exact: no VNNI, `cpu.int8_products_exact`); "none": never; "auto": int8
+    where `dtype = "auto"` found no bfloat16 on the CPU and its int8 products are exact,
+    else none (docs/speed.md). Saved weights stay full precision; set it at load time
+    with spacy.load(path, config=...)."""
     dtype: str = "auto"
     """"auto" (bfloat16 where the CPU or GPU supports it), "float32", "bfloat16",
     "float16". Frozen weights are stored in it; LoRA weights stay float32."""

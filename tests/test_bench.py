@@ -52,7 +52,7 @@ def test_bench_times_a_saved_pipeline(tmp_path, tiny_dirs):
 
 
 def test_bench_quantize_int8_times_the_int8_pipeline_and_records_the_cpu(tmp_path, tiny_dirs):
-    from spacy_unmask.bench import CPU_FLAGS
+    from spacy_unmask.cpu import CPU_FLAGS
 
     pipeline, data = saved_pipeline_and_data(tmp_path, name=tiny_dirs("llama"), dtype="float32")
     out = tmp_path / "bench.json"

@@ -14,10 +14,11 @@ def test_timed_writes_sidecar(tmp_path):
     # The sidecar says whether dtype "auto" trained in bfloat16 on this machine.
     import torch
 
-    from spacy_unmask.backbone import bf16_supported
+    from spacy_unmask.cpu import bf16_supported, cpu_flags
 
     if not torch.cuda.is_available():
         assert info["machine"]["cpu_bf16"] == bf16_supported() and info["machine"]["cores"] >= 1
+    assert info["machine"]["cpu_flags"] == cpu_flags()  # beside every time, the CPU that made it
     failed = tmp_path / "failed.train.json"
     assert timed.main(["--output", str(failed), "--", "python", "-c", "raise SystemExit(3)"]) == 3
     assert not failed.exists()

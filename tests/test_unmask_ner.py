@@ -38,6 +38,7 @@ from tiny_models import (
 ROOT = Path(__file__).parent.parent
 # every config with a decoder (the baselines have none)
 CONFIGS = sorted(p for p in (ROOT / "configs").glob("*.cfg") if "DecoderTok2Vec" in p.read_text())
+NER_CONFIG = ROOT / "configs" / "ner.cfg"
 TEMPLATES = [
     ("Yesterday Peter Blackburn visited Brussels .", [("Peter Blackburn", "PER"), ("Brussels", "LOC")]),
     ("EU rejects German call to boycott lamb .", [("EU", "ORG")]),
@@ -109,7 +110,7 @@ def test_every_shipped_config_trains_and_the_loss_falls(tiny_dirs, config_path):
 
 @pytest.fixture(scope="module")
 def trained(tiny_dirs):
-    nlp = tiny_nlp(CONFIGS[0], tiny_dirs("llama", "metaspace"))
+    nlp = tiny_nlp(NER_CONFIG, tiny_dirs("llama", "metaspace"))
     examples = make_examples(nlp, n=20)
     train(nlp, examples, steps=25)
     return nlp, examples
@@ -123,7 +124,7 @@ def test_learns_to_tag_a_repeated_entity(trained):
 
 
 def test_lora_and_head_weights_move(tiny_dirs):
-    nlp = tiny_nlp(CONFIGS[0], tiny_dirs("llama", "metaspace"))
+    nlp = tiny_nlp(NER_CONFIG, tiny_dirs("llama", "metaspace"))
     examples = make_examples(nlp)
     nlp.initialize(lambda: examples)
     optimizer = Adam(0.01)
@@ -180,7 +181,7 @@ def test_round_trip_in_a_fresh_offline_process(tmp_path, tiny_dirs, save_mode):
 
     model_dir = tmp_path / "base-model"
     shutil.copytree(tiny_dirs("llama", "metaspace"), model_dir)
-    nlp = tiny_nlp(CONFIGS[0], str(model_dir), save_mode=save_mode)
+    nlp = tiny_nlp(NER_CONFIG, str(model_dir), save_mode=save_mode)
     train(nlp, make_examples(nlp), steps=15)
     expected = entities(nlp, TEXTS)
     assert any(expected)
@@ -201,12 +202,12 @@ def test_to_bytes_from_bytes_and_adapter_mode_is_small(tmp_path, tiny_dirs):
     name = tiny_dirs("llama", "metaspace")
     # rank 4: at the shipped rank 16 on every projection, LoRA is as large as a tiny model's
     # base (on a real model it is about 1% of it)
-    nlp = tiny_nlp(CONFIGS[0], name, lora_r=4)
+    nlp = tiny_nlp(NER_CONFIG, name, lora_r=4)
     train(nlp, make_examples(nlp), steps=15)
     data = nlp.to_bytes()
-    copy = tiny_nlp(CONFIGS[0], name, lora_r=4).from_bytes(data)
+    copy = tiny_nlp(NER_CONFIG, name, lora_r=4).from_bytes(data)
     assert entities(copy, TEXTS) == entities(nlp, TEXTS)
-    adapter = tiny_nlp(CONFIGS[0], name, save_mode="adapter", lora_r=4)
+    adapter = tiny_nlp(NER_CONFIG, name, save_mode="adapter", lora_r=4)
     train(adapter, make_examples(adapter), steps=2)
     adapter_size = len(adapter.get_pipe("ner").model.to_bytes())
     assert adapter_size < 0.5 * len(nlp.get_pipe("ner").model.to_bytes())
@@ -335,7 +336,7 @@ def test_update_honours_drop(tiny_dirs):
     """`[training] dropout` reaches the head (as in spaCy's own components); drop=0 is deterministic."""
     def one_update(drop, seed):
         fix_random_seed(0)
-        nlp = tiny_nlp(CONFIGS[0], tiny_dirs("llama"), lora_dropout=0.0)
+        nlp = tiny_nlp(NER_CONFIG, tiny_dirs("llama"), lora_dropout=0.0)
         examples = make_examples(nlp, n=8)
         nlp.initialize(lambda: examples)
         fix_random_seed(seed)
@@ -536,7 +537,7 @@ DEFAULTS = {"threshold": 0.0, "candidates_min_score": None, "temperature": 1.0, 
 
 @pytest.fixture(scope="module")
 def trained(tiny_dirs):
-    nlp = tiny_nlp(CONFIGS[0], tiny_dirs("llama", "metaspace"))
+    nlp = tiny_nlp(NER_CONFIG, tiny_dirs("llama", "metaspace"))
     train(nlp, make_examples(nlp, n=20), steps=25)
     return nlp
 
