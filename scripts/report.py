@@ -361,7 +361,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                 plot_curves(folder, runs)
                 seeds = seed_summary(runs)
                 if seeds:
-                    (folder / "summary.json").write_text(json.dumps(seeds, indent=2) + "\n", encoding="utf8")
+                    # the split the runs were scored on, beside the runs' rows
+                    (folder / "summary.json").write_text(json.dumps({"split": args.split, **seeds}, indent=2) + "\n",
+                                                         encoding="utf8")
             print(text)
     if not found:
         print("report: no metrics found (run a training workflow first)", file=sys.stderr)

@@ -116,6 +116,25 @@ def metrics_suffix(split: str) -> str:
     return "." + split.split(".", 1)[1] if "." in split else ""
 
 
+def is_test_split(split: str) -> bool:
+    """test, test.doc, ...: the splits read once, for the final scores, never to choose."""
+    return split.split(".", 1)[0] == "test"
+
+
+def check_dev_only(args, specs: List[str]) -> None:
+    """Refuse to choose with test data: model selection (--dev) never reads a test split,
+    and a sweep or any campaign that chooses (--select) is scored on dev splits only."""
+    if is_test_split(args.dev):
+        raise SystemExit(f"--dev {args.dev}: model selection on a test split is refused; select on dev "
+                         f"(e.g. --dev dev or --dev dev.doc)")
+    choosing = args.select or any(spec in SWEEP[3:] for spec in specs)  # a probe, or a mask study
+    tested = [split for split in args.eval if is_test_split(split)]
+    if choosing and tested:
+        what = "--select" if args.select else "a mask study (groups:* patterns)"
+        raise SystemExit(f"--eval {' '.join(tested)}: {what} chooses between settings, and choices are made "
+                         f"on dev only; score it with --eval dev (read test once, for the settings chosen)")
+
+
 def plan(args) -> List[dict]:
     """Every run of the campaign: its name, seed, spec (None with --name) and files."""
     corpus = Path(args.corpus_dir or f"corpus/{args.corpus}")
@@ -129,6 +148,7 @@ def plan(args) -> List[dict]:
     if args.name and args.specs:
         raise SystemExit("--name and --specs: give one (--name for a config without an unmask setting)")
     specs = [s for spec in (args.specs or []) for s in (SWEEP if spec == "sweep" else [spec])]
+    check_dev_only(args, specs)
     out_dir = Path(args.metrics_dir or f"metrics/{args.corpus}")
     train_root = Path(args.training_dir or f"training/{args.corpus}")
     runs = []
@@ -419,6 +439,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--eval", nargs="+", default=["test", "test.doc"], help="splits to evaluate (default test test.doc)")
     r.add_argument("--evaluate-model", choices=["best", "last"], default="best",
                    help="pipeline to evaluate: model-best (chosen on --dev; default) or model-last (the last step)")
+    r.add_argument("--select", action="store_true",
+                   help="this campaign chooses a setting (a probe): --eval must be dev splits (a sweep always is)")
     r.add_argument("--seqeval", action="store_true", help="check the first --eval split's F1 with seqeval")
     r.add_argument("--model", default="", help=f"backbone ({MODEL_KEY}; default: the config's)")
     r.add_argument("--num-layers", type=int, help=f"decoder layers kept ({LAYERS_KEY}: 0 all, N the first N, -N all but the last N; default: the config's)")

@@ -40,6 +40,7 @@ def test_report(tmp_path, capsys):
     assert "notes" not in summary
     seeds = json.loads((corpus / "summary.json").read_text())
     assert seeds == {
+        "split": "test",  # what the runs were scored on
         "gemma3-none": {"mean_f": 70.0, "std_f": None, "seeds": [0], "f": [70.0],  # one seed: no spread
                         "doc_mean_f": None, "doc_std_f": None, "train_minutes": None, "dev_best_f": None},
         "gemma3-all": {"mean_f": 85.0, "std_f": 5.0, "seeds": [1, 2, 3], "f": [80.0, 90.0, 85.0],

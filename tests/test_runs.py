@@ -151,3 +151,24 @@ def test_backbone_settings_reach_the_decoder_of_every_config(config, block):
 def test_a_config_without_a_decoder_refuses_backbone_settings():
     with pytest.raises(SystemExit, match="0 decoder blocks"):
         runs.backbone_block(Path("configs") / "baseline_cnn.cfg")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--specs", "all", "--dev", "test"], "model selection on a test split is refused"),
+    (["--specs", "all", "--dev", "test.doc"], "model selection on a test split is refused"),
+    (["--specs", "sweep", "--eval", "test"], "a mask study .* on dev only"),
+    (["--specs", "all", "groups:0011", "--eval", "dev"], None),
+    (["--specs", "none", "groups:0101", "--eval", "test.doc"], "a mask study"),
+    (["--specs", "all", "--select", "--eval", "test.doc"], "--select chooses between settings"),
+])
+def test_choices_are_made_on_dev_only(toy_corpus, capsys, args, message):
+    if message is None:
+        assert dry_run(toy_corpus, capsys, *args)[0] == 0
+        return
+    with pytest.raises(SystemExit, match=message):
+        dry_run(toy_corpus, capsys, *args)
+
+
+def test_the_final_comparison_reads_test(toy_corpus, capsys):
+    code, out = dry_run(toy_corpus, capsys, "--specs", "none", "all", "middle")
+    assert code == 0 and "test.spacy" in out and "dev.spacy" in out  # chosen on dev, scored on test
