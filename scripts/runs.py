@@ -210,16 +210,42 @@ def backbone_block(config: Path) -> str:
     return found[0]
 
 
+@lru_cache(maxsize=None)
+def components(config: Path) -> Dict[str, dict]:
+    """The [components] of a config, uninterpolated."""
+    from spacy.util import load_config
+
+    return dict(load_config(config, interpolate=False).get("components", {}))
+
+
+def span_group(config: Path) -> Optional[str]:
+    """The span group that a config's `unmask_ner` with target = "spans" writes (chunks in
+    chunk.cfg and multitask.cfg), which `spacy evaluate` must be told to score; else None."""
+    keys = [c.get("spans_key", "ner") for c in components(config).values()
+            if c.get("factory") == "unmask_ner" and c.get("target") == "spans"]
+    return keys[0] if keys else None
+
+
+def has_entities(config: Path) -> bool:
+    """Does the config's pipeline set doc.ents (an NER component)?"""
+    return any(c.get("factory") == "ner" or (c.get("factory") == "unmask_ner" and c.get("target", "ents") == "ents")
+               for c in components(config).values())
+
+
 def evaluate_commands(args, run: dict) -> List[Tuple[str, List[str]]]:
-    """(step, command) pairs: spacy evaluate on each split, then the seqeval check."""
+    """(step, command) pairs: spacy evaluate on each split, then the seqeval check (of the
+    entities, or of the span group where the pipeline has no entities)."""
     model = str(run["model_dir"] / f"model-{args.evaluate_model}")
+    key = span_group(args.config)
+    spans = ["--spans-key", key] if key else []
     commands = [(f"evaluation on {data.name}", [args.python, "-m", "spacy", "evaluate", model, str(data),
-                                                "--output", str(output), "--gpu-id", str(args.gpu_id)])
+                                                "--output", str(output), "--gpu-id", str(args.gpu_id), *spans])
                 for data, output in run["evals"]]
     if args.seqeval:
         data, output = run["evals"][0]
-        commands.append(("seqeval check", [args.python, str(HERE / "seqeval_check.py"), model, str(data),
-                                           "--metrics", str(output), "--gpu-id", str(args.gpu_id)]))
+        checked = spans if key and not has_entities(args.config) else []
+        commands.append(("seqeval check", [args.python, "-m", "scripts.seqeval_check", model, str(data),
+                                           "--metrics", str(output), "--gpu-id", str(args.gpu_id), *checked]))
     return commands
 
 

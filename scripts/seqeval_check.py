@@ -1,4 +1,4 @@
-"""Recompute a pipeline's NER score with seqeval (strict IOB2) and check it agrees with spaCy.
+"""Recompute a pipeline's span score with seqeval (strict IOB2) and check it agrees with spaCy.
 
     python -m scripts.seqeval_check training/conll03/all/model-best corpus/conll03/test.spacy \
         --metrics metrics/conll03/all.json --output metrics/conll03/all.seqeval.json
@@ -11,6 +11,8 @@ token touched), both sides are written as IOB2 tags over the gold tokens, and
 seqeval's strict-mode span F1 (mode="strict", scheme=IOB2) is computed. The script
 fails (exit 1) unless seqeval's F1 agrees with spaCy's ents_f recomputed here and,
 with --metrics, with the ents_f stored by `spacy evaluate`, within --tol.
+`--spans-key chunks` checks a span group instead of the entities (a chunker's
+doc.spans["chunks"] against the gold chunks; spaCy's score spans_chunks_f).
 
 Writes a JSON sidecar (by default <metrics stem>.seqeval.json beside --metrics) and
 never edits the metrics file itself.
@@ -22,13 +24,17 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 
-def gold_tags(example) -> List[str]:
+def gold_tags(example, spans_key: Optional[str] = None) -> List[str]:
+    if spans_key is not None:
+        gold = [(s.label_, s.start, s.end) for s in example.reference.spans.get(spans_key, [])]
+        return spans_to_iob2(gold, len(example.reference))
     return [tok.ent_iob_ + ("-" + tok.ent_type_ if tok.ent_type_ else "") if tok.ent_iob_ else "O"
             for tok in example.reference]
 
 
-def predicted_gold_spans(example) -> Tuple[List[Tuple[str, int, int]], int]:
-    """Predicted entities as (label, start, end) over gold tokens, as spaCy's NER scorer sees them.
+def predicted_gold_spans(example, spans_key: Optional[str] = None) -> Tuple[List[Tuple[str, int, int]], int]:
+    """Predicted entities (or the span group `spans_key`) as (label, start, end) over gold
+    tokens, as spaCy's scorer sees them.
 
     Returns the non-overlapping spans in order and the number of predicted entities
     that had to be dropped because they land on gold tokens another prediction
@@ -36,12 +42,13 @@ def predicted_gold_spans(example) -> Tuple[List[Tuple[str, int, int]], int]:
     """
     align_x2y = example.alignment.x2y
     spans: List[Tuple[str, int, int]] = []
-    for ent in example.predicted.ents:
+    predicted = example.predicted.ents if spans_key is None else example.predicted.spans.get(spans_key, [])
+    for ent in predicted:
         indices = align_x2y[ent.start : ent.end]
         if not len(indices):
             continue
         start, end = int(indices[0]), int(indices[-1]) + 1
-        if any(tok.ent_iob == 0 for tok in example.reference[start:end]):
+        if spans_key is None and any(tok.ent_iob == 0 for tok in example.reference[start:end]):
             continue  # missing gold annotation: spaCy ignores the prediction
         spans.append((ent.label_, start, end))
     spans.sort(key=lambda s: (s[1], s[2]))
@@ -88,7 +95,7 @@ def seqeval_scores(y_true: List[List[str]], y_pred: List[List[str]]) -> Dict[str
 
 
 def check(model: str, data: Path, *, gpu_id: int = -1, metrics: Optional[Path] = None,
-          tol: float = 1e-6) -> Dict[str, object]:
+          tol: float = 1e-6, spans_key: Optional[str] = None) -> Dict[str, object]:
     import spacy
     from spacy.cli._util import setup_gpu
     from spacy.scorer import Scorer
@@ -106,17 +113,18 @@ def check(model: str, data: Path, *, gpu_id: int = -1, metrics: Optional[Path] =
 
     y_true, y_pred, dropped = [], [], 0
     for eg in examples:
-        spans, n_dropped = predicted_gold_spans(eg)
+        spans, n_dropped = predicted_gold_spans(eg, spans_key)
         dropped += n_dropped
-        y_true.append(gold_tags(eg))
+        y_true.append(gold_tags(eg, spans_key))
         y_pred.append(spans_to_iob2(spans, len(eg.reference)))
-    result: Dict[str, object] = {"model": str(model), "data": str(data), "docs": len(examples)}
+    key = "ents_f" if spans_key is None else f"spans_{spans_key}_f"
+    result: Dict[str, object] = {"model": str(model), "data": str(data), "docs": len(examples), "score": key}
     result.update(seqeval_scores(y_true, y_pred))
-    spacy_f = spacy_scores.get("ents_f")
+    spacy_f = spacy_scores.get(key)
     result["spacy_ents_f"] = 0.0 if spacy_f is None else float(spacy_f)
     diffs = {"recomputed": abs(result["seqeval_f1"] - result["spacy_ents_f"])}
     if metrics is not None:
-        stored = json.loads(Path(metrics).read_text(encoding="utf8")).get("ents_f")
+        stored = json.loads(Path(metrics).read_text(encoding="utf8")).get(key)
         result["metrics_file"] = str(metrics)
         result["metrics_ents_f"] = 0.0 if stored is None else float(stored)
         diffs["metrics_file"] = abs(result["seqeval_f1"] - result["metrics_ents_f"])
@@ -136,22 +144,24 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--gpu-id", type=int, default=-1)
     parser.add_argument("--tol", type=float, default=1e-6, help="largest accepted |F1 difference| (default 1e-6)")
     parser.add_argument("--code", type=Path, help="Python file to import (registered functions)")
+    parser.add_argument("--spans-key", help="check the span group doc.spans[KEY] (e.g. chunks) instead of the entities")
     args = parser.parse_args(argv)
     if args.code:
         from spacy.cli._util import import_code
 
         import_code(args.code)
-    result = check(args.model, args.data, gpu_id=args.gpu_id, metrics=args.metrics, tol=args.tol)
+    result = check(args.model, args.data, gpu_id=args.gpu_id, metrics=args.metrics, tol=args.tol,
+                   spans_key=args.spans_key)
     output = args.output
     if output is None and args.metrics is not None:
         output = args.metrics.with_name(args.metrics.name[: -len(".json")] + ".seqeval.json")
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(json.dumps(result, indent=2) + "\n", encoding="utf8")
-    line = (f"seqeval strict IOB2 F1 {100 * result['seqeval_f1']:.4f} | spaCy ents_f "
+    line = (f"seqeval strict IOB2 F1 {100 * result['seqeval_f1']:.4f} | spaCy {result['score']} "
             f"{100 * result['spacy_ents_f']:.4f}")
     if "metrics_ents_f" in result:
-        line += f" | stored ents_f {100 * result['metrics_ents_f']:.4f}"
+        line += f" | stored {result['score']} {100 * result['metrics_ents_f']:.4f}"
     print(line + f" | {result['docs']} docs")
     if not result["agree"]:
         print(f"DISAGREE: |difference| {result['abs_diff']} > tol {args.tol}"

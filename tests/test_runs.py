@@ -73,7 +73,7 @@ def test_runs_dry_run_names_runs_and_passes_settings(toy_corpus, capsys):
     assert "--components.ner.model.tok2vec.unmask 0-3,10" in out and "--system.seed 8" in out
     assert "--components.ner.model.tok2vec.name tiny" in out and "--training.max_steps 5" in out
     assert "g-middle-seed7.log.jsonl" in out and "g-middle-seed7.doc.json" in out
-    assert "seqeval_check.py" in out
+    assert "scripts.seqeval_check" in out
     # By default the pipeline chosen on dev is evaluated; a sweep scores the last step.
     assert "model-best" in out and "model-last" not in out
     code, out = dry_run(toy_corpus, capsys, "--specs", "all", "--seqeval", "--evaluate-model", "last")
@@ -172,3 +172,14 @@ def test_choices_are_made_on_dev_only(toy_corpus, capsys, args, message):
 def test_the_final_comparison_reads_test(toy_corpus, capsys):
     code, out = dry_run(toy_corpus, capsys, "--specs", "none", "all", "middle")
     assert code == 0 and "test.spacy" in out and "dev.spacy" in out  # chosen on dev, scored on test
+
+
+def test_span_groups_are_scored_and_checked(toy_corpus, capsys):
+    code, out = dry_run(toy_corpus, capsys, "--config", "configs/chunk.cfg", "--specs", "all", "--seqeval")
+    assert code == 0
+    evaluations = [line for line in out.splitlines() if "spacy evaluate" in line]
+    assert evaluations and all("--spans-key chunks" in line for line in evaluations)
+    assert "scripts.seqeval_check" in out and out.count("--spans-key chunks") == len(evaluations) + 1
+    code, out = dry_run(toy_corpus, capsys, "--config", "configs/multitask.cfg", "--specs", "all", "--seqeval")
+    check = next(line for line in out.splitlines() if "seqeval_check" in line)
+    assert "--spans-key" not in check  # the multitask pipeline's headline is its entities

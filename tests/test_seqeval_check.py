@@ -68,3 +68,32 @@ def test_seqeval_check_reports_disagreement(tmp_path):
     gold_docbin(tmp_path / "test.spacy", SENTENCES, with_spaces=True)
     result = seqeval_check.check(str(tmp_path / "model"), tmp_path / "test.spacy")
     assert not result["agree"] and result["overlapping_predictions_dropped"] == 1
+
+
+def test_seqeval_check_of_a_span_group_agrees_with_spacy_evaluate(tmp_path):
+    import spacy
+    from spacy.cli.evaluate import evaluate
+    from spacy.tokens import Doc, DocBin, Span
+
+    nlp = spacy.blank("en")
+    scorer = {"@scorers": "spacy.overlapping_labeled_spans_scorer.v1", "spans_key": "chunks"}
+    nlp.add_pipe("span_ruler", config={"spans_key": "chunks", "scorer": scorer}).add_patterns([
+        {"label": "NP", "pattern": "Alice"}, {"label": "VP", "pattern": "met"}, {"label": "NP", "pattern": "Paris"},
+        {"label": "NP", "pattern": [{"LOWER": "acme"}]},  # half of the gold NP "Acme Corp": wrong
+    ])
+    nlp.to_disk(tmp_path / "model")
+    docbin = DocBin()
+    for words, chunks in [(["Alice", "met", "Bob", "in", "Paris"], [("NP", 0, 1), ("VP", 1, 2), ("NP", 2, 3),
+                                                                   ("PP", 3, 4), ("NP", 4, 5)]),
+                          (["Acme", "Corp", "sings"], [("NP", 0, 2), ("VP", 2, 3)])]:
+        doc = Doc(nlp.vocab, words=words)
+        doc.spans["chunks"] = [Span(doc, start, end, label) for label, start, end in chunks]
+        docbin.add(doc)
+    docbin.to_disk(tmp_path / "test.spacy")
+    scores = evaluate(str(tmp_path / "model"), tmp_path / "test.spacy", output=tmp_path / "run.json", spans_key="chunks")
+    assert 0 < scores["spans_chunks_f"] < 1
+    assert seqeval_check.main([str(tmp_path / "model"), str(tmp_path / "test.spacy"), "--spans-key", "chunks",
+                               "--metrics", str(tmp_path / "run.json")]) == 0
+    result = json.loads((tmp_path / "run.seqeval.json").read_text())
+    assert result["agree"] and result["score"] == "spans_chunks_f"
+    assert abs(result["seqeval_f1"] - scores["spans_chunks_f"]) < 1e-9 and set(result["seqeval_per_type"]) == {"NP", "VP", "PP"}
