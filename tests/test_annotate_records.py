@@ -95,3 +95,33 @@ def test_one_hostile_jsonl_line_never_stops_the_run(tmp_path):
     assert [r.text for r in records] == ["a", None, "b", None]
     assert "nested too deeply" in records[1].reason
     assert all(len(r.raw) < EXCERPT_BYTES + 100 for r in records if r.raw is not None)
+
+
+def test_an_over_long_line_is_one_error_row_never_held_whole(tmp_path):
+    import time
+    import tracemalloc
+
+    from spacy_unmask.annotate.records import EXCERPT_BYTES, line_limit
+
+    max_chars = 1000
+    path = tmp_path / "in.jsonl"
+    with path.open("wb") as f:
+        f.write(b'{"text": "a"}\n{"id": "huge", "text": "')
+        f.truncate(f.tell() + (64 << 20))  # 64 MiB of zero bytes on one line (sparse)
+        f.seek(0, 2)
+        f.write(b'"}\n{"text": "b"}\n' + b" " * 5000 + b"\n" + b'{"text": "' + b"y" * (30 << 20))  # the last: no newline
+    tracemalloc.start()
+    start = time.monotonic()
+    try:
+        records = list(iter_records(path, max_chars=max_chars))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert time.monotonic() - start < 10
+    assert peak < 4 * line_limit(max_chars) + (8 << 20), f"{peak} bytes held to read it"
+    assert [(r.line, r.text) for r in records] == [(1, "a"), (2, None), (3, "b"), (5, None)]  # line 4 is blank
+    for record in (records[1], records[3]):
+        assert f"more than the {line_limit(max_chars)}" in record.reason and "--max-chars 1000" in record.reason
+        assert len(record.raw) < EXCERPT_BYTES + 100 and "bytes)" in record.raw
+    assert records[1].raw.startswith('{"id": "huge", "text": "')
+    assert count_input(path, max_chars) == len(records)

@@ -86,20 +86,45 @@ def _json_type(value: Any) -> str:
     return names.get(type(value), type(value).__name__)
 
 
-def iter_lines(stream: BinaryIO) -> Iterator[bytes]:
+@dataclasses.dataclass
+class LongLine:
+    """A line longer than the reader's limit: only its first EXCERPT_BYTES were kept."""
+
+    head: bytes
+    size: int  # bytes, without the newline
+
+
+def line_limit(max_chars: int) -> int:
+    """The most bytes a JSONL line may have: a text of --max-chars characters written as
+    JSON escapes (up to 12 bytes a character), and 1 MiB for the other fields."""
+    return 12 * max_chars + (1 << 20)
+
+
+def iter_lines(stream: BinaryIO, limit: Optional[int] = None) -> Iterator[Union[bytes, LongLine]]:
     """The lines of a binary stream, split at b"\\n" only (JSON strings may hold U+2028), in
-    linear time however long a line is."""
+    linear time however long a line is. A line of more than `limit` bytes is not kept: it
+    comes as a `LongLine`, so no more than `limit` bytes and one chunk are ever held."""
     pieces: List[bytes] = []
+    size, head = 0, None
     while chunk := stream.read(_CHUNK_BYTES):
         parts = chunk.split(b"\n")
-        for part in parts[:-1]:
-            pieces.append(part)
-            yield b"".join(pieces)
-            pieces = []
-        pieces.append(parts[-1])
-    rest = b"".join(pieces)
-    if rest:
-        yield rest
+        for i, part in enumerate(parts):
+            size += len(part)
+            if head is None:
+                pieces.append(part)
+                if limit is not None and size > limit:
+                    head = b"".join(pieces)[:EXCERPT_BYTES]
+                    pieces = []
+            if i < len(parts) - 1:
+                yield b"".join(pieces) if head is None else LongLine(head, size)
+                pieces, size, head = [], 0, None
+    if size:
+        yield b"".join(pieces) if head is None else LongLine(head, size)
+
+
+def is_record(raw: Union[bytes, LongLine]) -> bool:
+    """Whether a line holds a record (blank lines do not)."""
+    return isinstance(raw, LongLine) or bool(raw.strip())
 
 
 def parse_jsonl_line(raw: bytes, line: int, text_field: str, id_field: str, max_chars: int) -> Optional[Record]:
@@ -134,14 +159,21 @@ def parse_jsonl_line(raw: bytes, line: int, text_field: str, id_field: str, max_
     return Record(key, line, None, reason, shown) if reason else Record(key, line, text)
 
 
-def excerpt(raw: bytes) -> str:
-    """What an error row shows of a bad record: at most EXCERPT_BYTES of it."""
+def excerpt(raw: bytes, size: Optional[int] = None) -> str:
+    """What an error row shows of a bad record (of `size` bytes, by default all of `raw`):
+    at most EXCERPT_BYTES of it."""
+    size = len(raw) if size is None else size
     cut = raw[:EXCERPT_BYTES].decode("utf-8", "backslashreplace")
-    return cut if len(raw) <= EXCERPT_BYTES else cut + f"… ({len(raw)} bytes)"
+    return cut if size <= EXCERPT_BYTES else cut + f"… ({size} bytes)"
 
 
 def jsonl_records(stream: BinaryIO, text_field: str, id_field: str, max_chars: int) -> Iterator[Record]:
-    for line, raw in enumerate(iter_lines(stream), start=1):
+    limit = line_limit(max_chars)
+    for line, raw in enumerate(iter_lines(stream, limit), start=1):
+        if isinstance(raw, LongLine):
+            reason = f"line has {raw.size} bytes, more than the {limit} a record of --max-chars {max_chars} may have"
+            yield Record(str(line), line, None, reason, excerpt(raw.head, raw.size))
+            continue
         try:
             record = parse_jsonl_line(raw, line, text_field, id_field, max_chars)
         except Exception as e:  # one record never stops the run
@@ -250,13 +282,13 @@ def iter_records(
             yield read_txt(file, path, max_chars)
 
 
-def count_input(path: PathLike) -> int:
+def count_input(path: PathLike, max_chars: int = DEFAULT_MAX_CHARS) -> int:
     """How many records INPUT holds (non-blank lines, rows, files), without parsing them."""
     path = Path(path)
     kind = input_kind(path)
     if kind == "jsonl":
         with path.open("rb") as stream:
-            return sum(1 for raw in iter_lines(stream) if raw.strip())
+            return sum(1 for raw in iter_lines(stream, line_limit(max_chars)) if is_record(raw))
     if kind == "parquet":
         return require_pyarrow().parquet.ParquetFile(str(path)).metadata.num_rows
     return len(txt_files(path))
