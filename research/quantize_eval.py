@@ -93,7 +93,7 @@ def words_per_s(pipelines: dict, path: Path, rounds: int, batch_size: int, limit
 def main(argv=None) -> int:
     from spacy_unmask.cpu import bf16_supported
     from spacy_unmask.cpu import cpu_flags, cpu_kind
-    from spacy_unmask.layers.decoder_tok2vec import load_with
+    from spacy_unmask import load
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("pipeline", type=Path)
@@ -123,7 +123,7 @@ def main(argv=None) -> int:
     modes = [m for m in args.modes if m != "bfloat16" or bf16_supported()]
     settings = {mode: {**MODES[mode], **({"dtype": args.dtype} if args.dtype and mode != "bfloat16" else {})}
                 for mode in modes}
-    pipelines = {mode: load_with(args.pipeline, **settings[mode]) for mode in modes}
+    pipelines = {mode: load(args.pipeline, **settings[mode]) for mode in modes}
     if "int8-no-outliers" in pipelines:
         set_outlier_channels(pipelines["int8-no-outliers"], 0)
     if args.int8_outliers is not None and "int8" in pipelines:

@@ -47,9 +47,9 @@ def build(args):
     import spacy
 
     if args.pipeline:
-        from spacy_unmask.layers.decoder_tok2vec import load_with
+        from spacy_unmask import load
 
-        return load_with(args.pipeline, **({"base_quantization": args.base_quantization} if args.base_quantization else {}))
+        return load(args.pipeline, **({"base_quantization": args.base_quantization} if args.base_quantization else {}))
     nlp = spacy.blank("en")
     tok2vec = {"name": args.model, "num_layers": args.num_layers}
     if args.base_quantization:

@@ -6,7 +6,7 @@ torch, transformers and peft load only when a model is built.
 from .masks import unmasked_layers
 from .settings import BackboneSettings
 
-__all__ = ["unmasked_layers", "BackboneSettings", "DecoderTok2Vec", "UnmaskNER", "get_backbone"]
+__all__ = ["unmasked_layers", "BackboneSettings", "DecoderTok2Vec", "UnmaskNER", "get_backbone", "load", "save"]
 __version__ = "0.1.0"
 
 
@@ -15,6 +15,10 @@ def __getattr__(name):
         from .layers import decoder_tok2vec
 
         return getattr(decoder_tok2vec, name)
+    if name in ("load", "save"):
+        from . import sharing
+
+        return getattr(sharing, name)
     if name == "UnmaskNER":
         from .pipeline.unmask_ner import UnmaskNER
 

@@ -9,13 +9,15 @@ Face id, the revision it came from. Loading (`verified_base`) then:
   id only from the local Hugging Face cache at the saved revision, and a path never;
   with SPACY_UNMASK_FETCH_BASE=1 the path is read and a hub id or registry model is
   fetched (network, pip), as `name` says;
-- reads safetensors weights only, and refuses a base whose digest is not the saved one.
+- reads safetensors weights only, and refuses a base whose digest is not the saved one;
+- returns the record of the base it found, so what was loaded can be digested whether or
+  not the pipeline saved one.
 """
 import hashlib
 import json
 import re
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from .opt_ins import FETCH_BASE_ENV, UnsafePipelineError, opted_in
 
@@ -56,9 +58,10 @@ def base_record(name: str) -> dict:
     return {"sha256": weights_digest(Path(name).expanduser(), name), "revision": None}
 
 
-def verified_base(name: str, record: Optional[dict]) -> Path:
-    """The save_pretrained directory of the base named `name`, its digest checked against
-    `record` (the saved one); found locally unless the caller opted in to fetching."""
+def verified_base(name: str, record: Optional[dict]) -> Tuple[Path, dict]:
+    """The save_pretrained directory of the base named `name` and the record of what it
+    holds, its digest checked against `record` (the saved one); found locally unless the
+    caller opted in to fetching."""
     from .download import REGISTRY_MODELS, cached_model_dir, model_dir
 
     fetch = opted_in(FETCH_BASE_ENV)
@@ -75,14 +78,13 @@ def verified_base(name: str, record: Optional[dict]) -> Path:
         directory = _hub_snapshot(name, record and record.get("revision"), fetch)
     else:
         directory = Path(name).expanduser()
-    if record is not None:
-        found = REGISTRY_MODELS[name].gguf_sha256 if kind == "registry" else weights_digest(directory, "the base")
-        if found != record.get("sha256"):
-            raise UnsafePipelineError(
-                f"the base model found for this adapter pipeline has SHA-256 {found}, the pipeline was trained on "
-                f"SHA-256 {record.get('sha256')}: refusing to load a LoRA adapter over another base"
-            )
-    return directory
+    found = REGISTRY_MODELS[name].gguf_sha256 if kind == "registry" else weights_digest(directory, "the base")
+    if record is not None and found != record.get("sha256"):
+        raise UnsafePipelineError(
+            f"the base model found for this adapter pipeline has SHA-256 {found}, the pipeline was trained on "
+            f"SHA-256 {record.get('sha256')}: refusing to load a LoRA adapter over another base"
+        )
+    return directory, {"sha256": found, "revision": directory.name if kind == "hub" else None}
 
 
 def _hub_snapshot(name: str, revision: Optional[str], fetch: bool) -> Path:

@@ -69,9 +69,10 @@ def run(args) -> int:
     from spacy.tokens import DocBin
     from spacy.training import Example
 
-    from .layers.decoder_tok2vec import get_backbone, load_with
+    from .layers.decoder_tok2vec import get_backbone
     from .loading import load_config, load_decoder
     from .quantize import quantize_linears
+    from .sharing import load
 
     if args.gpu_id >= 0:
         spacy.require_gpu(args.gpu_id)
@@ -79,7 +80,7 @@ def run(args) -> int:
         torch.set_num_threads(args.threads)
     overrides = {k: v for k, v in (("dtype", args.dtype), ("quantize", args.quantize)) if v is not None}
     if args.pipeline:
-        nlp = load_with(args.pipeline, **overrides)
+        nlp = load(args.pipeline, **overrides)
         ner = next(name for name, pipe in nlp.pipeline if hasattr(pipe, "model") and name != "sentencizer")
     else:
         nlp = spacy.blank("en")

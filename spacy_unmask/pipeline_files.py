@@ -2,10 +2,11 @@
 
 `check_folder` walks a folder with `lstat` (a link is never followed): it must hold
 only folders and regular files (no links, FIFOs, sockets or devices), each file within
-its size bound, and a bounded number of entries. `load_with` (decoder_tok2vec.py)
+its size bound, and a bounded number of entries. `spacy_unmask.load` (sharing.py)
 checks the whole pipeline folder and its config this way before `spacy.load` reads
-it; `unmask_ner` checks its own folder again whenever spaCy hands it one (so a plain
-`spacy.load` is covered for its files), and refuses to save through a link.
+it, and `spacy_unmask.save` the folder it saves into; `unmask_ner` checks its own
+folder again whenever spaCy hands it one (so a plain `spacy.load` is covered for its
+files), and refuses to save through a link.
 """
 import os
 import stat
@@ -23,17 +24,20 @@ MAX_BYTES = 1 << 32
 # Registries whose functions read or run what is outside the folder; a shared config may
 # not call them while it is loaded.
 REFUSED_REGISTRIES = ("@readers", "@callbacks", "@loggers")
+_DONE = {"read from": "read", "saved into": "written"}
 
 
-def check_folder(path) -> None:
-    """Refuse a folder holding anything but folders and regular files of bounded size."""
+def check_folder(path, action: str = "read from") -> None:
+    """Refuse a folder holding anything but folders and regular files of bounded size
+    (`action`: "read from" or "saved into", for the message). The folder `path` itself
+    may be a link: the caller named it."""
     root = Path(path)
     try:
         is_dir = stat.S_ISDIR(os.stat(root).st_mode)
     except OSError:
         is_dir = False
     if not is_dir:
-        raise UnsafePipelineError(f"{str(root)!r} is not a folder that can be read (a saved pipeline is a folder)")
+        raise UnsafePipelineError(f"{str(root)!r} is not a folder that can be {action} (a saved pipeline is a folder)")
     pending, seen = [(root, 0)], 0
     while pending:
         folder, depth = pending.pop()
@@ -51,8 +55,8 @@ def check_folder(path) -> None:
                     continue
                 if not stat.S_ISREG(mode.st_mode):
                     raise UnsafePipelineError(
-                        f"the pipeline folder holds {where[:200]!r}, which is {_kind(mode.st_mode)}: a pipeline is read "
-                        "from folders and regular files only, and nothing was read"
+                        f"the pipeline folder holds {where[:200]!r}, which is {_kind(mode.st_mode)}: a pipeline is "
+                        f"{action} folders and regular files only, and nothing was {_DONE[action]}"
                     )
                 limit = SMALL_BYTES if entry.name in SMALL_FILES else MAX_BYTES
                 if mode.st_size > limit:

@@ -3,6 +3,7 @@ resuming, and refusing to resume on a changed pipeline."""
 import json
 import shutil
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -33,6 +34,8 @@ from spacy_unmask.annotate import (
     read_output,
 )
 from spacy_unmask.annotate.options import load_pipeline
+from forgery import read_backbone, with_digest, write_backbone
+from safetensors.torch import load as load_tensors, save as save_tensors
 
 
 def test_local_jsonl_good_annotated_bad_set_aside(pipeline_dir, nlp, corpus, tmp_path, capsys):
@@ -157,20 +160,77 @@ def test_resume_refused_after_the_pipeline_was_retrained_in_place(pipeline_dir, 
     assert main(argv) == EXIT_BAD_RECORDS, "unchanged: the rerun resumes (nothing left to do)"
     assert {p.name: p.stat().st_mtime_ns for p in output.glob("part-*")} == parts
 
-    # "Retrain": one byte of the largest model file changes; config.cfg and the path stay.
-    weights = max((p for p in model.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
-    data = bytearray(weights.read_bytes())
-    data[len(data) // 2] ^= 1
-    weights.write_bytes(bytes(data))
+    # "Retrain": the decoder's weights change (a valid pipeline); config.cfg and the path stay.
+    started_with = (model / "ner" / "model").read_bytes()
+    backbone = read_backbone(model / "ner" / "model")
+    state = load_tensors(backbone["weights"])
+    name = next(k for k, v in state.items() if v.is_floating_point())
+    state[name] = state[name] + 0.01
+    backbone["weights"] = save_tensors(state)
+    write_backbone(model / "ner" / "model", with_digest(backbone))
     capsys.readouterr()
     assert main(argv) == EXIT_USAGE
     err = capsys.readouterr().err
     assert f"PIPELINE {str(model.resolve())!r} changed since OUTPUT" in err and "two models" in err
     assert {p.name: p.stat().st_mtime_ns for p in output.glob("part-*")} == parts  # nothing written
 
-    data[len(data) // 2] ^= 1  # the pipeline it was started with: allowed again
-    weights.write_bytes(bytes(data))
+    (model / "ner" / "model").write_bytes(started_with)  # the pipeline it was started with: allowed again
+    meta = json.loads((model / "meta.json").read_text())
+    (model / "meta.json").write_text(json.dumps({**meta, "description": "scores added"}))  # not the model: allowed
     assert main(argv) == EXIT_BAD_RECORDS
+
+
+def test_resume_refused_after_the_model_was_swapped_through_a_link(pipeline_dir, corpus, tmp_path, capsys):
+    """A component folder swapped for a link to another pipeline's is not read at all."""
+    path, _, _, _ = corpus
+    model, other = tmp_path / "model-best", tmp_path / "other"
+    shutil.copytree(pipeline_dir, model)
+    shutil.copytree(pipeline_dir, other)
+    output = tmp_path / "ents.jsonl"
+    argv = ["annotate", str(model), str(path), str(output), "--part-size", "5", "--max-chars", str(MAX_CHARS)]
+    assert main(argv) == EXIT_BAD_RECORDS
+    parts = {p.name: p.read_bytes() for p in output.glob("part-*")}
+    shutil.rmtree(model / "ner")
+    (model / "ner").symlink_to(other / "ner", target_is_directory=True)
+    capsys.readouterr()
+    assert main(argv) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "was not loaded" in err and "'ner'" in err and "symbolic link" in err
+    assert {p.name: p.read_bytes() for p in output.glob("part-*")} == parts
+
+
+def test_resume_refused_after_an_adapter_pipelines_base_changed(corpus, tmp_path, monkeypatch, capsys):
+    """The base an adapter pipeline loads is part of what is digested: with a pinned base
+    the changed base is refused when loading; without one (saved by an earlier version,
+    loaded with the opt-in) the resumed run is refused."""
+    from spacy_unmask.opt_ins import FETCH_BASE_ENV
+    from tiny_models import make_pipeline, save_tiny_model, train_pipeline
+
+    path, _, _, _ = corpus
+    monkeypatch.setenv(FETCH_BASE_ENV, "1")
+    base = save_tiny_model(tmp_path / "base", "llama", "bytelevel")
+    nlp = make_pipeline(base, lora_r=4, save_mode="adapter")
+    train_pipeline(nlp, 1)
+    pinned, unpinned = tmp_path / "pinned", tmp_path / "unpinned"
+    nlp.to_disk(pinned)
+    nlp.to_disk(unpinned)
+    backbone = read_backbone(unpinned / "ner" / "model")
+    del backbone["base"]
+    write_backbone(unpinned / "ner" / "model", backbone)
+    runs = {}
+    for pipeline in (pinned, unpinned):
+        runs[pipeline] = ["annotate", str(pipeline), str(path), str(tmp_path / f"{pipeline.name}.jsonl"),
+                          "--max-chars", str(MAX_CHARS)]
+        assert main(runs[pipeline]) == EXIT_BAD_RECORDS
+        assert main(runs[pipeline]) == EXIT_BAD_RECORDS, "unchanged: the rerun resumes"
+
+    other = save_tiny_model(tmp_path / "other-base", "llama", "bytelevel", seed=1)
+    shutil.copy(Path(other) / "model.safetensors", Path(base) / "model.safetensors")
+    capsys.readouterr()
+    assert main(runs[pinned]) == EXIT_USAGE
+    assert "SHA-256" in capsys.readouterr().err
+    assert main(runs[unpinned]) == EXIT_USAGE
+    assert "changed since OUTPUT" in capsys.readouterr().err
 
 
 def test_parquet_and_txt_input_parquet_and_docbin_output(pipeline_dir, nlp, corpus, tmp_path):

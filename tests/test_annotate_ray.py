@@ -104,3 +104,32 @@ def test_ray_killed_actor_is_restarted_and_each_id_written_once(local_ray, pipel
     assert os.path.exists(marker), "no actor killed itself: the test tested nothing"
     assert (summary.written, summary.errors) == (len(good), len(bad))
     assert spans_of(read_output(output)) == expected_spans(nlp, good)
+
+
+def test_ray_does_not_follow_links_out_of_a_txt_folder(local_ray, pipeline_dir, tmp_path):
+    """The same files, reasons and rows as the local engine: a link is an error row naming
+    it, a file too long is not read, and nothing they point at reaches OUTPUT."""
+    from spacy_unmask.annotate.ray_engine import annotate_ray
+
+    secret = tmp_path / "secret.txt"
+    secret.write_text("secret-value")
+    folder = tmp_path / "texts"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "a.txt").write_text("Peter Blackburn visited Brussels .")
+    (folder / "link.txt").symlink_to(secret)
+    (folder / "environ.txt").symlink_to("/proc/self/environ")
+    (folder / "linked-dir").symlink_to(tmp_path, target_is_directory=True)
+    with (folder / "sub" / "huge.txt").open("wb") as f:
+        f.truncate(1 << 30)  # sparse
+    outputs = {"ray": tmp_path / "ray.jsonl", "local": tmp_path / "local.jsonl"}
+    summary = annotate_ray(pipeline_dir, folder, outputs["ray"], keep_text=True, max_chars=MAX_CHARS)
+    annotate_local(pipeline_dir, folder, outputs["local"], keep_text=True, max_chars=MAX_CHARS, progress=False)
+    assert (summary.read, summary.written, summary.errors) == (4, 1, 3)
+    errors = {e["id"]: e["reason"] for e in read_errors(outputs["ray"])}
+    assert sorted(errors) == ["environ.txt", "link.txt", "sub/huge.txt"]
+    assert "symbolic link" in errors["link.txt"] and "symbolic link" in errors["environ.txt"]
+    assert "more than --max-chars" in errors["sub/huge.txt"]
+    assert errors == {e["id"]: e["reason"] for e in read_errors(outputs["local"])}
+    assert [row["id"] for row in read_output(outputs["ray"])] == ["a.txt"]
+    written = b"".join(p.read_bytes() for p in outputs["ray"].rglob("*") if p.is_file())
+    assert b"secret-value" not in written and b"PATH=" not in written

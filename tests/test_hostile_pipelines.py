@@ -14,7 +14,7 @@ import spacy
 import srsly
 
 from spacy_unmask import get_backbone
-from spacy_unmask.layers.decoder_tok2vec import load_with
+from spacy_unmask import load as safe_load
 from spacy_unmask.opt_ins import FETCH_BASE_ENV, TRUST_REMOTE_CODE_ENV, UnsafePipelineError
 from forgery import forged_copy, read_backbone, with_digest
 from tiny_models import make_pipeline, save_tiny_model, train_pipeline
@@ -93,7 +93,7 @@ def without_backbone_state(pipeline: Path) -> None:
     model_file.write_bytes(srsly.msgpack_dumps(msg))
 
 
-@pytest.mark.parametrize("loader", [spacy.load, load_with])
+@pytest.mark.parametrize("loader", [spacy.load, safe_load])
 def test_a_pipeline_without_backbone_state_is_damaged(saved, tmp_path, audit, loader):
     path = copy_of(saved, tmp_path)
     folder, marker = code_folder(tmp_path)
@@ -254,7 +254,7 @@ def test_a_linked_config_is_not_read(saved, tmp_path, audit):
     path = copy_of(saved, tmp_path)
     (path / "config.cfg").unlink()
     (path / "config.cfg").symlink_to(secret)
-    message = refused(audit, lambda: load_with(path), path, words=["'config.cfg'", "symbolic link"])
+    message = refused(audit, lambda: safe_load(path), path, words=["'config.cfg'", "symbolic link"])
     assert "secret" not in message.replace(str(path), "")
 
 
@@ -263,7 +263,7 @@ def test_a_fifo_does_not_stall_loading(saved, tmp_path, audit, where):
     path = copy_of(saved, tmp_path)
     (path / where).unlink()
     os.mkfifo(path / where)
-    refused(audit, lambda: load_with(path), path, words=[repr(where), "FIFO"])
+    refused(audit, lambda: safe_load(path), path, words=[repr(where), "FIFO"])
     if where != "config.cfg":  # plain spacy.load reads config.cfg itself; the component checks its own folder
         refused(audit, lambda: spacy.load(path), path, words=["FIFO"])
 
@@ -280,7 +280,7 @@ def test_a_linked_component_folder_is_refused(saved, tmp_path, audit):
     elsewhere = tmp_path / "elsewhere"
     shutil.move(str(path / "ner"), elsewhere)
     (path / "ner").symlink_to(elsewhere, target_is_directory=True)
-    refused(audit, lambda: load_with(path), path, words=["'ner'", "symbolic link"])
+    refused(audit, lambda: safe_load(path), path, words=["'ner'", "symbolic link"])
 
 
 def test_oversized_config_files_are_refused(saved, tmp_path, audit):
@@ -295,14 +295,14 @@ def test_config_reading_files_outside_is_refused(saved, tmp_path, audit):
     outside.write_text(json.dumps("secret-value"))
     path = copy_of(saved, tmp_path)
     set_tok2vec(path, unmask={"@readers": "spacy.read_labels.v1", "path": str(outside)})
-    message = refused(audit, lambda: load_with(path), path, words=["@readers"])
+    message = refused(audit, lambda: safe_load(path), path, words=["@readers"])
     assert "secret-value" not in message
 
 
 def test_a_config_value_is_never_echoed(saved, tmp_path, audit):
     path = copy_of(saved, tmp_path)
     set_tok2vec(path, lora_r="secret-value")
-    message = refused(audit, lambda: load_with(path), path)
+    message = refused(audit, lambda: safe_load(path), path)
     assert "secret-value" not in message
 
 

@@ -9,17 +9,17 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "spacy_unmask"
 # Lowest first. A module may import only modules on earlier lines.
 LAYERS = [
-    ["masks", "families", "dropout", "fused", "gguf_tokenizer", "windows", "readers"],
-    ["pooling", "settings", "download"],
-    ["loading", "lora"],
+    ["masks", "families", "dropout", "fused", "gguf_tokenizer", "windows", "readers", "opt_ins", "cpu"],
+    ["pooling", "settings", "download", "base_quantization", "saved_shapes", "saved_tokenizer"],
+    ["loading", "lora", "base_model"],
     ["quantize"],
     ["backbone"],
     ["saving"],
     ["layers.decoder_tok2vec"],
-    ["pipeline.viterbi"],
+    ["pipeline.viterbi", "pipeline.scoring", "pipeline_files"],
     ["pipeline.marginals"],
     ["pipeline.crf"],
-    ["pipeline.unmask_ner"],
+    ["pipeline.unmask_ner", "sharing"],
     ["annotate.records"],
     ["annotate.options"],
     ["annotate.output"],

@@ -20,7 +20,6 @@ from .output import (
     Summary,
     count_rows,
     entities,
-    pipeline_digest,
     read_errors,
     read_output,
     summarize,
@@ -31,7 +30,7 @@ __all__ = [
     "DEFAULT_MAX_CHARS", "ERRORS_DIR", "EXIT_BAD_RECORDS", "EXIT_COUNTS_DIFFER", "EXIT_OK", "EXIT_USAGE",
     "LocalOptions", "Options", "RayOptions", "Record", "RUN_FILE", "Summary", "UsageError",
     "annotate_local", "count_input", "count_rows", "entities", "iter_records", "jsonl_records",
-    "load_pipeline", "pipeline_digest", "read_errors", "read_output", "summarize",
+    "load_pipeline", "read_errors", "read_output", "summarize",
 ]
 
 

@@ -7,6 +7,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
+from ..opt_ins import UnsafePipelineError
 from ..settings import QUANTIZE_MODES
 from .options import LocalOptions, Options, RayOptions, flag
 from .output import EXIT_COUNTS_DIFFER, EXIT_USAGE, ERRORS_DIR
@@ -95,6 +96,9 @@ def run(args) -> int:
             summary = annotate_ray(args.pipeline, args.input, args.output, _options(RayOptions, args))
     except UsageError as e:
         print(f"annotate: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except UnsafePipelineError as e:  # names the field, quotes no content of the pipeline
+        print(f"annotate: PIPELINE {str(args.pipeline)!r} was not loaded: {e}", file=sys.stderr)
         return EXIT_USAGE
     print(f"annotate: {summary}" + (f" (see {args.output / ERRORS_DIR})" if summary.errors else ""))
     if summary.exit_code == EXIT_COUNTS_DIFFER:

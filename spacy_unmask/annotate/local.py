@@ -4,7 +4,7 @@ Part i holds input records [i * part_size, (i + 1) * part_size), in input order:
 its errors file, then its data file, each written to a hidden temporary name and
 renamed into place. A part is complete when its data file exists; a rerun of the same
 command skips complete parts and rewrites the others, so no record is written twice.
-A rerun whose run record differs (settings, INPUT, or the pipeline's files) is refused.
+A rerun whose run record differs (settings, INPUT, or the pipeline as loaded) is refused.
 """
 import dataclasses
 import sys
@@ -49,14 +49,14 @@ def annotate_local(
     input_kind(input)
     if fmt == "parquet":
         require_pyarrow()
-    prepare_output(output, run_record(pipeline, input, "local", options, fmt), resume=True)
     nlp = load_pipeline(str(pipeline), options.max_chars, options.gpu_id, options.quantize)
+    prepare_output(output, run_record(pipeline, nlp, input, "local", options, fmt), resume=True)
     suffix = "." + fmt
 
     from spacy.util import minibatch
     from tqdm import tqdm
 
-    bar = tqdm(total=count_input(input), unit="doc", desc="annotate", disable=not options.progress, file=sys.stderr)
+    bar = tqdm(total=count_input(input, options.max_chars), unit="doc", desc="annotate", disable=not options.progress, file=sys.stderr)
     pending: deque = deque()
 
     def part_path(index: int) -> Path:
@@ -94,4 +94,4 @@ def annotate_local(
     while pending:
         write(pending.popleft())
     bar.close()
-    return summarize(input, output)
+    return summarize(input, output, options.max_chars)

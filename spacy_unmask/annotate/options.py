@@ -78,14 +78,15 @@ class RayOptions(Options):
 
 
 def load_pipeline(pipeline, max_chars: int = DEFAULT_MAX_CHARS, gpu_id: int = -1, quantize: Optional[str] = None):
-    """spacy.load(pipeline), on GPU `gpu_id` (-1: CPU), accepting texts of `max_chars`,
-    with its decoder backbones' `quantize` setting changed at load time (None: as saved)."""
+    """spacy_unmask.load(pipeline) (checked as a pipeline from anyone), on GPU `gpu_id`
+    (-1: CPU), accepting texts of `max_chars`, with its decoder backbones' `quantize`
+    setting changed at load time (None: as saved)."""
     import spacy
 
-    from ..layers.decoder_tok2vec import load_with
+    from ..sharing import load
 
     if gpu_id >= 0:
         spacy.require_gpu(gpu_id)
-    nlp = load_with(pipeline, **({} if quantize is None else {"quantize": quantize}))
+    nlp = load(pipeline, **({} if quantize is None else {"quantize": quantize}))
     nlp.max_length = max(nlp.max_length, max_chars)
     return nlp

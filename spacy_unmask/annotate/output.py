@@ -10,18 +10,27 @@ read OUTPUT as a dataset, so they see the annotations only.
 
 Every file name written here is generated (part-<number>, part-<uuid>-<task>), never
 taken from the input, and `plain_name` checks each one: no file lands outside OUTPUT.
-The run record holds a SHA-256 of the pipeline's files, so a run resumed after the
-pipeline was retrained into the same directory is refused rather than mixing models.
+The run record holds a SHA-256 of the pipeline as loaded (`sharing.loaded_digest`: each
+backbone's config, tokenizer and weights as read, an adapter's base as found, the
+config and the other weights), so a run resumed with another model (retrained into the
+same directory, or an adapter over another base) is refused rather than mixing models.
 """
 import dataclasses
-import hashlib
 import json
 import os
 from pathlib import Path
 from typing import Any, Dict, Iterable, Iterator, List
 
 from .options import Options
-from .records import PathLike, UsageError, count_input, input_fingerprint, iter_lines, require_pyarrow
+from .records import (
+    DEFAULT_MAX_CHARS,
+    PathLike,
+    UsageError,
+    count_input,
+    input_fingerprint,
+    iter_lines,
+    require_pyarrow,
+)
 
 # Exit codes of `python -m spacy_unmask annotate` (README, "Annotate a corpus").
 EXIT_OK = 0  # every record annotated
@@ -32,9 +41,6 @@ EXIT_COUNTS_DIFFER = 4  # finished, but read != written + errors: OUTPUT is not 
 OUTPUT_FORMATS = {".jsonl": "jsonl", ".parquet": "parquet", ".spacy": "spacy"}
 ERRORS_DIR = "_errors"
 RUN_FILE = "_run.json"
-# Not part of the pipeline digest: spacy train rewrites it (scores) without changing the model.
-DIGEST_SKIPS = ("meta.json",)
-_HASH_CHUNK = 1 << 20
 
 
 @dataclasses.dataclass
@@ -165,35 +171,15 @@ def error_files(output: PathLike) -> List[Path]:
 # --- the run record --------------------------------------------------------------------
 
 
-def pipeline_digest(pipeline: PathLike) -> str:
-    """SHA-256 over the pipeline directory: every regular file but meta.json (config.cfg,
-    each component's model files, the backbone), sorted by relative path, each hashed as
-    its relative path, its size and its bytes."""
-    root = Path(pipeline)
-    if not root.is_dir():
-        raise UsageError(
-            f"PIPELINE {str(pipeline)!r} is not a directory (a pipeline saved by spacy train or nlp.to_disk)"
-        )
-    files = {p.relative_to(root).as_posix(): p for p in root.rglob("*") if p.is_file()}
-    digest = hashlib.sha256()
-    for name in sorted(files):
-        if name in DIGEST_SKIPS:
-            continue
-        encoded = name.encode("utf-8", "surrogateescape")
-        digest.update(len(encoded).to_bytes(8, "little") + encoded)
-        digest.update(files[name].stat().st_size.to_bytes(8, "little"))
-        with files[name].open("rb") as f:
-            while chunk := f.read(_HASH_CHUNK):
-                digest.update(chunk)
-    return digest.hexdigest()
+def run_record(pipeline: PathLike, nlp, input: PathLike, engine: str, options: Options, fmt: str) -> Dict[str, Any]:
+    """What decides the content of OUTPUT; a resumed run must match it. `nlp` is the
+    pipeline as loaded from `pipeline`: its digest covers what was read, not the folder."""
+    from ..sharing import loaded_digest
 
-
-def run_record(pipeline: PathLike, input: PathLike, engine: str, options: Options, fmt: str) -> Dict[str, Any]:
-    """What decides the content of OUTPUT; a resumed run must match it."""
     record = {
         "engine": engine,
         "pipeline": str(Path(pipeline).resolve()),
-        "pipeline_sha256": pipeline_digest(pipeline),
+        "pipeline_sha256": loaded_digest(nlp),
         "input": str(Path(input).resolve()),
         "input_fingerprint": input_fingerprint(input),
         "format": fmt,
@@ -223,7 +209,7 @@ def prepare_output(output: PathLike, record: Dict[str, Any], *, resume: bool) ->
         if "pipeline_sha256" in changed and previous.get("pipeline_sha256"):
             raise UsageError(
                 f"PIPELINE {record['pipeline']!r} changed since OUTPUT {str(output)!r} was started "
-                f"({previous.get('pipeline')!r} with files of SHA-256 {previous['pipeline_sha256'][:16]}… then, "
+                f"({previous.get('pipeline')!r} loaded as SHA-256 {previous['pipeline_sha256'][:16]}… then, "
                 f"SHA-256 {record['pipeline_sha256'][:16]}… now); resuming would mix parts annotated by two models. "
                 "Rerun with the pipeline it was started with, or choose a new OUTPUT"
             )
@@ -282,7 +268,8 @@ def _count_lines(path: Path) -> int:
         return sum(1 for line in iter_lines(stream) if line.strip())
 
 
-def summarize(input: PathLike, output: PathLike) -> Summary:
-    """Counted from INPUT and from the files in OUTPUT, not from the run's own tallies."""
+def summarize(input: PathLike, output: PathLike, max_chars: int = DEFAULT_MAX_CHARS) -> Summary:
+    """Counted from INPUT (as read with `max_chars`) and from the files in OUTPUT, not from
+    the run's own tallies."""
     errors = sum(_count_lines(p) for p in error_files(output))
-    return Summary(read=count_input(input), written=count_rows(output), errors=errors)
+    return Summary(read=count_input(input, max_chars), written=count_rows(output), errors=errors)

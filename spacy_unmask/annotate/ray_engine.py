@@ -1,14 +1,16 @@
 """`annotate --engine ray`: the same records, rows and errors as the local engine, on Ray Data.
 
-    read (RecordSource, one read task per file) ──┬─ bad records ─→ write_json(OUTPUT/_errors)
+    read (record_source, per file or files) ──────┬─ bad records ─→ write_json(OUTPUT/_errors)
                                                   └─ good records ─→ map_batches(PipelineAnnotator,
                                                        actors) ─→ write_json / write_parquet(OUTPUT)
 
-Records are read by a FileBasedDatasource (the base of Ray Data's own read_json and
-read_text) around the local engine's readers, not by read_json / read_text /
-read_parquet: read_json fails the whole job on one line that is not JSON, read_text
-fails it on one invalid UTF-8 byte and splits at U+2028 inside JSON strings, and none
-of them gives line or row numbers, which are the ids of records without one.
+Records are read by datasources around the local engine's readers, not by read_json /
+read_text / read_parquet: read_json fails the whole job on one line that is not JSON,
+read_text fails it on one invalid UTF-8 byte and splits at U+2028 inside JSON strings,
+none of them gives line or row numbers, which are the ids of records without one, and
+they follow links. A JSONL or Parquet file is read by a FileBasedDatasource (the base of
+Ray Data's own readers); a folder of .txt files by the local engine's file list and
+reader (`txt_files`, `read_txt`).
 Each write executes the plan once, so the input is read (and parsed, cheaply) twice;
 only good records reach the actors.
 
@@ -21,16 +23,16 @@ A run is not resumable: OUTPUT must be new.
 Only the command line imports this module (it needs pyarrow and ray).
 """
 import dataclasses
-import os
 import sys
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Iterable, Iterator, List, Optional
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import ray
 import ray.data
-from ray.data.datasource import FileBasedDatasource, FilenameProvider
+from ray.data.block import BlockMetadata
+from ray.data.datasource import Datasource, FileBasedDatasource, FilenameProvider, ReadTask
 
 from .options import RayOptions, load_pipeline
 from .output import (
@@ -44,7 +46,7 @@ from .output import (
     run_record,
     summarize,
 )
-from .records import PathLike, UsageError, input_kind, jsonl_records, parquet_records, txt_record
+from .records import PathLike, Record, UsageError, input_kind, jsonl_records, parquet_records, read_txt, txt_files
 
 RECORD_SCHEMA = pa.schema(
     [("id", pa.string()), ("line", pa.int64()), ("text", pa.string()), ("reason", pa.string()), ("raw", pa.string())]
@@ -55,15 +57,27 @@ _RECORDS_PER_BLOCK = 1000
 LIGHT_TASK_CPUS = 0.25
 
 
+def record_blocks(records: Iterable[Record]) -> Iterator[pa.Table]:
+    """Records as blocks of RECORD_SCHEMA, of at most _RECORDS_PER_BLOCK each."""
+    block = []
+    for record in records:
+        block.append(record.__dict__)
+        if len(block) == _RECORDS_PER_BLOCK:
+            yield pa.Table.from_pylist(block, schema=RECORD_SCHEMA)
+            block = []
+    if block:
+        yield pa.Table.from_pylist(block, schema=RECORD_SCHEMA)
+
+
 class RecordSource(FileBasedDatasource):
-    """INPUT as blocks of records (RECORD_SCHEMA), bad ones included with their reason."""
+    """A JSONL or Parquet INPUT as blocks of records (RECORD_SCHEMA), bad ones included
+    with their reason."""
 
     def __init__(self, path: PathLike, *, text_field: str, id_field: str, max_chars: int):
         path = Path(path)
         self.kind = input_kind(path)
-        self.root = str(path.resolve())
         self.fields = (text_field, id_field, max_chars)
-        super().__init__(self.root, file_extensions=["txt"] if self.kind == "txt" else None)
+        super().__init__(str(path.resolve()))
 
     def _open_input_source(self, filesystem, path: str, **open_args):
         if self.kind == "parquet":  # Parquet needs random access
@@ -71,21 +85,41 @@ class RecordSource(FileBasedDatasource):
         return super()._open_input_source(filesystem, path, **open_args)
 
     def _read_stream(self, f, path: str):
-        text_field, id_field, max_chars = self.fields
-        if self.kind == "jsonl":
-            records = jsonl_records(f, text_field, id_field, max_chars)
-        elif self.kind == "parquet":
-            records = parquet_records(f, text_field, id_field, max_chars)
-        else:
-            records = iter([txt_record(f.readall(), os.path.relpath(path, self.root).replace(os.sep, "/"), max_chars)])
-        block = []
-        for record in records:
-            block.append(record.__dict__)
-            if len(block) == _RECORDS_PER_BLOCK:
-                yield pa.Table.from_pylist(block, schema=RECORD_SCHEMA)
-                block = []
-        if block:
-            yield pa.Table.from_pylist(block, schema=RECORD_SCHEMA)
+        reader = jsonl_records if self.kind == "jsonl" else parquet_records
+        yield from record_blocks(reader(f, *self.fields))
+
+
+class TxtSource(Datasource):
+    """A folder of .txt files as blocks of records: the files the local engine reads
+    (`txt_files`), each read by `read_txt` (links are not followed out of INPUT, and a
+    file too long is not read: each is an error row), a few files per read task."""
+
+    def __init__(self, path: PathLike, *, max_chars: int):
+        self.root = Path(path)
+        self.files = txt_files(self.root)
+        self.max_chars = max_chars
+
+    def estimate_inmemory_data_size(self) -> Optional[int]:
+        return None
+
+    def get_read_tasks(self, parallelism: int, per_task_row_limit=None, data_context=None) -> List[ReadTask]:
+        tasks, root, max_chars = [], self.root, self.max_chars
+        size = max(1, -(-len(self.files) // max(1, parallelism)))
+        for start in range(0, len(self.files), size):
+            files = self.files[start:start + size]
+
+            def read(files=files):  # ships its own files only, not the whole list
+                return record_blocks(read_txt(file, root, max_chars) for file in files)
+
+            metadata = BlockMetadata(num_rows=len(files), size_bytes=None, exec_stats=None, input_files=None)
+            tasks.append(ReadTask(read, metadata, per_task_row_limit=per_task_row_limit))
+        return tasks
+
+
+def record_source(path: PathLike, *, text_field: str, id_field: str, max_chars: int) -> Datasource:
+    if input_kind(path) == "txt":
+        return TxtSource(path, max_chars=max_chars)
+    return RecordSource(path, text_field=text_field, id_field=id_field, max_chars=max_chars)
 
 
 def good_records(batch: pa.Table) -> pa.Table:
@@ -141,7 +175,11 @@ def annotate_ray(
     fmt = output_format(output)
     if fmt == "spacy":
         raise UsageError("OUTPUT *.spacy (DocBin) is written by the local engine only; use *.jsonl or *.parquet")
-    prepare_output(output, run_record(pipeline, input, "ray", options, fmt), resume=False)
+    # Loaded here once, before any actor starts: a damaged or hostile pipeline is refused
+    # at once, and the run record holds the digest of what was loaded.
+    nlp = load_pipeline(str(pipeline), options.max_chars, -1, options.quantize)
+    prepare_output(output, run_record(pipeline, nlp, input, "ray", options, fmt), resume=False)
+    del nlp
     if not ray.is_initialized():
         ray.init(address=options.ray_address)
     spare = ray.cluster_resources().get("CPU", 0) - options.concurrency * options.num_cpus
@@ -153,9 +191,7 @@ def annotate_ray(
             file=sys.stderr,
         )
     light = {"num_cpus": LIGHT_TASK_CPUS}
-    source = RecordSource(
-        input, text_field=options.text_field, id_field=options.id_field, max_chars=options.max_chars
-    )
+    source = record_source(input, text_field=options.text_field, id_field=options.id_field, max_chars=options.max_chars)
     records = ray.data.read_datasource(source, num_cpus=LIGHT_TASK_CPUS)
     records.map_batches(bad_records, batch_format="pyarrow", **light).write_json(
         str(output / ERRORS_DIR), filename_provider=_PartNames(file_format="jsonl"), ray_remote_args=light,
@@ -184,4 +220,4 @@ def annotate_ray(
         )
     else:
         annotated.write_parquet(str(output), filename_provider=_PartNames(file_format="parquet"), ray_remote_args=light)
-    return summarize(input, output)
+    return summarize(input, output, options.max_chars)

@@ -126,60 +126,6 @@ def _settings_from_bytes(current: BackboneSettings, data: bytes, name: str, mode
     return current
 
 
-def load_with(path, **settings):
-    """spacy.load(path) for a pipeline from anyone, with backbone settings changed at load
-    time (e.g. quantize="int8") in every spacy_unmask.DecoderTok2Vec.v1 block of its
-    config, wherever it sits. The folder and its config are checked first
-    (`pipeline_files.py`), every backbone must come from the saved state, and whatever
-    fails is an `UnsafePipelineError` that echoes no value of the pipeline's files."""
-    import spacy
-    from spacy.util import load_config
-
-    from ..opt_ins import UnsafePipelineError
-    from ..pipeline_files import check_config, check_folder
-    from ..settings import BackboneSettings
-
-    unknown = set(settings) - set(BackboneSettings.__dataclass_fields__)
-    if unknown:
-        raise ValueError(f"unknown backbone settings {sorted(unknown)}")
-    check_folder(path)
-    try:
-        config = load_config(Path(path) / "config.cfg", interpolate=False)
-    except Exception:  # spaCy's parse errors quote the lines they fail on
-        raise UnsafePipelineError("the pipeline's config.cfg is not a config spaCy can read") from None
-    check_config(config)
-    overrides = {}
-
-    def walk(block, at):
-        if isinstance(block, dict):
-            if block.get("@architectures") == "spacy_unmask.DecoderTok2Vec.v1":
-                for key, value in settings.items():
-                    overrides[".".join(at + [key])] = value
-            for key, value in block.items():
-                walk(value, at + [key])
-
-    walk(config, [])
-    if settings and not overrides:
-        raise ValueError(f"{path}: no spacy_unmask.DecoderTok2Vec.v1 backbone in the pipeline's config")
-    try:
-        nlp = spacy.load(path, config=overrides)
-    except UnsafePipelineError:
-        raise
-    except Exception as err:  # spaCy's and the settings' messages quote config values
-        raise UnsafePipelineError(
-            f"the pipeline does not load ({type(err).__name__}{_where(err)}): it is damaged, hostile, or saved "
-            "by an incompatible version"
-        ) from None
-    require_loaded_backbones(nlp)
-    return nlp
-
-
-def _where(err) -> str:
-    """The config fields a spaCy config error is about, without their values."""
-    fields = [".".join(map(str, e.get("loc", ()))) for e in getattr(err, "errors", None) or () if isinstance(e, dict)]
-    return f" at {', '.join(fields[:5])}" if fields else ""
-
-
 def require_loaded_backbones(obj) -> None:
     """Refuse a loaded pipeline or component with a backbone that its saved state did not
     provide: it would load the base model named in its config at nlp.initialize()."""
