@@ -64,3 +64,25 @@ def test_perplexity_is_in_smollm2_range(model_path, registry_model):
     smollm = perplexity(registry_model("smollm2-135m"), PARAGRAPH)
     assert 1.0 < gemma < 100.0
     assert gemma < 3 * smollm
+
+
+def test_saved_tokenizer_reads_back_the_same(model_path):
+    """A pipeline stores the tokenizer as data (saved_tokenizer.py); read back through one
+    explicit class, from memory, it cuts every text into the same pieces with the same
+    offsets and special tokens, and saves to the same bytes again."""
+    from spacy_unmask.loading import load_tokenizer
+    from spacy_unmask.saved_tokenizer import tokenizer_data, tokenizer_from_data
+    from test_gguf_tokenizer import EDGE_CASES
+
+    tokenizer = load_tokenizer(str(model_path))
+    files = tokenizer_data(tokenizer)
+    loaded = tokenizer_from_data(files)
+    for text in [PARAGRAPH, *EDGE_CASES]:
+        for special in (True, False):
+            want = tokenizer(text, add_special_tokens=special, return_offsets_mapping=True)
+            got = loaded(text, add_special_tokens=special, return_offsets_mapping=True)
+            assert got["input_ids"] == want["input_ids"], text
+            assert got["offset_mapping"] == want["offset_mapping"], text
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id"):
+        assert getattr(loaded, name) == getattr(tokenizer, name), name
+    assert tokenizer_data(loaded) == files
