@@ -13,6 +13,11 @@ private temporary directory and never runs code from it:
   caller opts in (`opt_ins.py`), so a shared config cannot switch it on;
 - whatever fails while reading it is an `UnsafePipelineError` naming the field.
 
+The weights are stored as they are used, the frozen embedding in 8 bits
+(`compact.py`); saved to a folder they are a safetensors file beside the component's
+`model` file, read once without a copy per msgpack layer (`weights_file.py`). Format 1
+pipelines (weights inside the message, not compacted) still load.
+
 Saving is reproducible: no path of the saving machine is written (the config's
 `_name_or_path`), so load -> predict -> save gives the same bytes. Non-finite
 weights (a diverged run) are never written. In adapter mode only the LoRA
@@ -27,7 +32,8 @@ from pathlib import Path
 from .opt_ins import UnsafePipelineError, require_remote_code_opt_in
 from .settings import BackboneSettings
 
-FORMAT = 1
+FORMAT = 2
+READS = (1, 2)
 MAX_BYTES = 2**32 - 2**20  # spaCy writes each component's model as one msgpack value
 # The names of saved tokenizer files (pipelines saved with save_pretrained's files too):
 # JSON, SentencePiece models, vocabularies, chat templates.
@@ -42,7 +48,9 @@ def backbone_to_bytes(backbone) -> bytes:
     import torch
     from safetensors.torch import save as save_tensors
 
+    from .compact import compact_state
     from .saved_tokenizer import tokenizer_data
+    from .weights_file import current_folder, write_weights
 
     if backbone is None:
         raise ValueError("cannot save an uninitialised decoder backbone: call nlp.initialize() first")
@@ -50,7 +58,7 @@ def backbone_to_bytes(backbone) -> bytes:
     broken = [k for k, v in state.items() if v.is_floating_point() and not torch.isfinite(v).all()]
     if broken:
         raise ValueError(f"refusing to save a backbone with non-finite weights ({broken[:3]}): training diverged")
-    weights = save_tensors(state)
+    weights = save_tensors(compact_state(backbone.model, state, backbone.settings.save_embedding))
     if len(weights) >= MAX_BYTES:
         raise ValueError(
             f"the backbone weights take {len(weights) / 2**30:.1f} GiB, over the 4 GiB a spaCy "
@@ -60,9 +68,12 @@ def backbone_to_bytes(backbone) -> bytes:
         "format": FORMAT,
         "config": config_json(backbone.model.config),
         "tokenizer": tokenizer_data(backbone.tokenizer),
-        "weights": weights,
         "sha256": hashlib.sha256(weights).hexdigest(),
     }
+    if current_folder() is None:
+        msg["weights"] = weights
+    else:
+        msg["weights_file"] = write_weights(weights)
     if backbone.settings.save_mode == "adapter":
         msg["base"] = backbone.base_record
     return srsly.msgpack_dumps(msg)
@@ -87,45 +98,53 @@ def backbone_from_bytes(data: bytes, settings: BackboneSettings, device):
         raise UnsafePipelineError(
             f"the saved decoder backbone is damaged or hostile: it does not rebuild ({type(err).__name__})"
         ) from None
-    backbone.loaded_sha256 = loaded_digest(msg, backbone.base_record)
+    backbone.loaded_sha256 = loaded_digest(msg)
     return backbone.to(device)
 
 
 def rebuild(msg: dict, settings: BackboneSettings):
     """The backbone of a checked message: sizes checked before anything is built."""
-    from safetensors.torch import load as load_tensors
-
-    from .backbone import Backbone
+    from .backbone import Backbone, resolve_dtypes
     from .base_model import verified_base
+    from .compact import expand_state
     from .saved_shapes import check_against_weights
     from .saved_tokenizer import check_fits, tokenizer_from_data
 
-    try:
-        state = load_tensors(msg["weights"])
-    except Exception:  # a truncated or forged safetensors header
-        raise UnsafePipelineError("the saved decoder weights (field 'weights') are unreadable (truncated or corrupted?)") from None
+    state = expand_state(saved_tensors(msg), resolve_dtypes(settings.dtype, settings.finetune)[0])
     config = config_from_json(msg["config"])
     tokenizer = tokenizer_from_data(msg["tokenizer"])
-    base, base_record = None, msg.get("base")
+    base = None
     if settings.save_mode == "full":
         # LoRA wraps a linear layer's own weight as `base_layer` (peft)
         check_against_weights(config, {k.replace(".base_layer.", "."): v for k, v in state.items() if "lora_" not in k})
     else:
-        base, base_record = verified_base(settings.name, msg.get("base"))
+        base = verified_base(settings.name, msg.get("base"))
     backbone = Backbone.rebuild(settings, config, tokenizer, state, base)
     check_fits(tokenizer, backbone.model.get_input_embeddings().num_embeddings)
-    backbone.base_record = base_record
+    backbone.base_record = msg.get("base")
     return backbone
 
 
-def loaded_digest(msg: dict, base_record) -> str:
+def saved_tensors(msg: dict) -> dict:
+    """The saved weights: inside the message, or in the file it names (digest checked)."""
+    from safetensors.torch import load as load_tensors
+
+    from .weights_file import read_weights, unreadable
+
+    if "weights_file" in msg:
+        return read_weights(msg["weights_file"], msg["sha256"])
+    try:
+        return load_tensors(msg["weights"])
+    except Exception:  # a truncated or forged safetensors header
+        raise unreadable() from None
+
+
+def loaded_digest(msg: dict) -> str:
     """SHA-256 of what a backbone was rebuilt from: every field (the weights by their
-    checked digest, the tokenizer files as read) and, in adapter mode, the record of the
-    base it found (`base_model.verified_base`), whether or not the pipeline saved one."""
+    checked digest) and, in adapter mode, the digest of its base."""
     import srsly
 
-    fields = {key: value for key, value in msg.items() if key not in ("weights", "base")}
-    fields["base"] = base_record
+    fields = {key: value for key, value in msg.items() if key != "weights"}
     return hashlib.sha256(srsly.msgpack_dumps(fields)).hexdigest()
 
 
@@ -142,17 +161,21 @@ def read_message(data) -> dict:
         msg = srsly.msgpack_loads(data)
     except Exception as err:  # a truncated, damaged or foreign file
         raise damaged(f"unreadable (truncated or corrupted?): {err}") from err
-    expected = {"format": int, "config": str, "tokenizer": dict, "weights": bytes, "sha256": str}
     if not isinstance(msg, dict):
         raise damaged(f"expected a map of fields, found {type(msg).__name__}")
+    # the weights inside the message, or (format 2, saved to a folder) in a file beside it
+    in_file = msg.get("format") != 1 and "weights_file" in msg
+    msg.pop("weights" if in_file else "weights_file", None)
+    weights = {"weights_file": str} if in_file else {"weights": bytes}
+    expected = {"format": int, "config": str, "tokenizer": dict, **weights, "sha256": str}
     for key, kind in expected.items():
         if key not in msg:
             raise damaged(f"the field {key!r} is missing")
         if not isinstance(msg[key], kind):
             raise damaged(f"the field {key!r} is {type(msg[key]).__name__}, not {kind.__name__}")
-    if msg["format"] != FORMAT:
-        raise damaged(f"format {msg['format']!r} is not one this version reads ({FORMAT})")
-    if hashlib.sha256(msg["weights"]).hexdigest() != msg["sha256"]:
+    if msg["format"] not in READS:
+        raise damaged(f"format {msg['format']!r} is not one this version reads ({', '.join(map(str, READS))})")
+    if not in_file and hashlib.sha256(msg["weights"]).hexdigest() != msg["sha256"]:
         raise damaged("the weights do not match their SHA-256")
     base = msg.get("base")
     if base is not None and not (

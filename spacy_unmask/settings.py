@@ -22,6 +22,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_IMPLEMENTATIONS = ("auto", "sdpa", "eager")
 QUANTIZE_MODES = ("auto", "none", "int8")
 BASE_QUANTIZATION_MODES = ("none", "nf4", "int8")
+SAVE_EMBEDDING_MODES = ("int8", "exact")
 
 
 @dataclass
@@ -96,6 +97,10 @@ class BackboneSettings:
     save_mode: str = "full"
     """"full": base weights saved inside the pipeline; "adapter": LoRA weights only,
     the base is reloaded from `name`."""
+    save_embedding: str = "int8"
+    """How a saved full pipeline stores the frozen input embedding: "int8" (8 bits, a
+    power-of-two scale per row, dequantised on load: Gemma 3 270M's pipeline about 60%
+    smaller; `compact.py`) or "exact" (as it is used)."""
     trust_remote_code: bool = False
     """Allow code from the model repository (off by default). Wherever a base model is loaded
     (nlp.initialize(), spacy.load), it takes effect only where the loading process sets
@@ -112,6 +117,7 @@ class BackboneSettings:
         one_of("dtype", self.dtype, DTYPES)
         one_of("quantize", self.quantize, QUANTIZE_MODES)
         one_of("base_quantization", self.base_quantization, BASE_QUANTIZATION_MODES)
+        one_of("save_embedding", self.save_embedding, SAVE_EMBEDDING_MODES)
         if self.base_quantization != "none" and self.finetune == "full":
             raise ValueError(
                 f"base_quantization {self.base_quantization!r} holds the base weights in "

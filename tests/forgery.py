@@ -9,10 +9,14 @@ import srsly
 
 
 def read_backbone(model_file: Path) -> dict:
-    """The decoder's own serialisation inside the thinc model file (msgpack all the way)."""
+    """The decoder's own serialisation inside the thinc model file (msgpack all the way),
+    its weights read into the message from the file beside it where they are there."""
     msg = srsly.msgpack_loads(model_file.read_bytes())
     (blob,) = [blob for node in msg["shims"] for blob in node]
-    return srsly.msgpack_loads(srsly.msgpack_loads(blob)["state"])
+    backbone = srsly.msgpack_loads(srsly.msgpack_loads(blob)["state"])
+    if isinstance(backbone, dict) and "weights_file" in backbone:
+        backbone["weights"] = (model_file.parent / backbone.pop("weights_file")).read_bytes()
+    return backbone
 
 
 def write_backbone(model_file: Path, backbone) -> None:

@@ -355,3 +355,16 @@ def check_fails_early_and_clearly(model_dir, monkeypatch, table: dict, case: str
     assert isinstance(err, ValueError), repr(err)
     for word in words:
         assert word in str(err), f"{case}: {word!r} not in {str(err)!r}"
+
+
+def round_embedding_to_int8(nlp) -> None:
+    """Give the in-memory pipeline the input embedding its saved copy loads with (the
+    default save_embedding = "int8"): each row rounded to 8 bits with its power-of-two scale."""
+    import torch
+
+    from spacy_unmask import get_backbone
+    from spacy_unmask.compact import dequantize_rows, quantize_rows
+
+    weight = get_backbone(nlp).model.get_input_embeddings().weight
+    with torch.no_grad():
+        weight.copy_(dequantize_rows(*quantize_rows(weight), weight.dtype))

@@ -33,6 +33,7 @@ from thinc.types import Floats2d
 from ..pipeline_files import check_not_linked, read_component
 from ..layers.decoder_tok2vec import hide_machine_paths
 from ..settings import is_number, one_of, require
+from ..weights_file import weights_folder
 from . import scoring  # noqa: F401  (registers spacy_unmask.span_scorer.v1)
 from .crf import crf_loss
 from .marginals import SpanLattice, Spans
@@ -316,14 +317,16 @@ class UnmaskNER(TrainablePipe):
     def to_disk(self, path, *, exclude=tuple()):
         _check_finite(self)
         check_not_linked(path)
-        return super().to_disk(path, exclude=exclude)
+        with weights_folder(path):
+            return super().to_disk(path, exclude=exclude)
 
     def to_bytes(self, *, exclude=tuple()):
         _check_finite(self)
         return super().to_bytes(exclude=exclude)
 
     def from_disk(self, path, *, exclude=tuple()):
-        return read_component(self, path, lambda: super(UnmaskNER, self).from_disk(path, exclude=exclude))
+        with weights_folder(path):
+            return read_component(self, path, lambda: super(UnmaskNER, self).from_disk(path, exclude=exclude))
 
     def from_bytes(self, bytes_data, *, exclude=tuple()):
         return read_component(self, None, lambda: super(UnmaskNER, self).from_bytes(bytes_data, exclude=exclude))
