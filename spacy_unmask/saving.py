@@ -98,7 +98,7 @@ def backbone_from_bytes(data: bytes, settings: BackboneSettings, device):
         raise UnsafePipelineError(
             f"the saved decoder backbone is damaged or hostile: it does not rebuild ({type(err).__name__})"
         ) from None
-    backbone.loaded_sha256 = loaded_digest(msg)
+    backbone.loaded_sha256 = loaded_digest(msg, backbone.base_record)
     return backbone.to(device)
 
 
@@ -113,15 +113,15 @@ def rebuild(msg: dict, settings: BackboneSettings):
     state = expand_state(saved_tensors(msg), resolve_dtypes(settings.dtype, settings.finetune)[0])
     config = config_from_json(msg["config"])
     tokenizer = tokenizer_from_data(msg["tokenizer"])
-    base = None
+    base, base_record = None, msg.get("base")
     if settings.save_mode == "full":
         # LoRA wraps a linear layer's own weight as `base_layer` (peft)
         check_against_weights(config, {k.replace(".base_layer.", "."): v for k, v in state.items() if "lora_" not in k})
     else:
-        base = verified_base(settings.name, msg.get("base"))
+        base, base_record = verified_base(settings.name, msg.get("base"))
     backbone = Backbone.rebuild(settings, config, tokenizer, state, base)
     check_fits(tokenizer, backbone.model.get_input_embeddings().num_embeddings)
-    backbone.base_record = msg.get("base")
+    backbone.base_record = base_record
     return backbone
 
 
@@ -139,12 +139,14 @@ def saved_tensors(msg: dict) -> dict:
         raise unreadable() from None
 
 
-def loaded_digest(msg: dict) -> str:
+def loaded_digest(msg: dict, base_record) -> str:
     """SHA-256 of what a backbone was rebuilt from: every field (the weights by their
-    checked digest) and, in adapter mode, the digest of its base."""
+    checked digest, the tokenizer files as read) and, in adapter mode, the record of the
+    base it found (`base_model.verified_base`), whether or not the pipeline saved one."""
     import srsly
 
-    fields = {key: value for key, value in msg.items() if key != "weights"}
+    fields = {key: value for key, value in msg.items() if key not in ("weights", "base")}
+    fields["base"] = base_record
     return hashlib.sha256(srsly.msgpack_dumps(fields)).hexdigest()
 
 
