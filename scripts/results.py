@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from scripts.report import SEED, load_runs, main_score, read_json, seed_summary
+from scripts.tasks_table import tasks_table
 
 ROOT = Path(__file__).resolve().parents[1]
 SPLITS_TEST = "test: sentences (`<run>.json`), documents (`<run>.doc.json`); best dev F1 from the training curve"
@@ -464,6 +465,9 @@ def results_page(metrics: Path) -> str:
              "that made it and the command. Model selection uses dev; test is scored once per run. F1 in %, "
              "mean ± sample standard deviation over seeds.", "",
              "## The default pipeline", ""] + headline_table(metrics) + [""]
+    tasks = tasks_table(metrics)
+    if tasks:
+        lines += ["## Beyond NER: chunks and part-of-speech tags", ""] + tasks + [""]
     for family in FAMILIES:
         paths = sorted(p for p in metrics.glob(family.glob) if p.is_file())
         body = family.summarise(paths) if paths else []
@@ -485,9 +489,10 @@ def outputs(root: Path) -> Dict[Path, str]:
     metrics = root / "metrics"
     out = {root / "docs" / "results.md": results_page(metrics)}
     for path, name, body in ((root / "README.md", "results", headline_table(metrics)),
+                             (root / "README.md", "tasks", tasks_table(metrics)),
                              (root / "docs" / "tried.md", "tried", levers_table(metrics))):
         if path.is_file():
-            out[path] = replace_between(path.read_text(encoding="utf8"), name, body)
+            out[path] = replace_between(out.get(path) or path.read_text(encoding="utf8"), name, body)
     return out
 
 
