@@ -10,7 +10,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "spacy_unmask"
 # Lowest first. A module may import only modules on earlier lines.
 LAYERS = [
     ["masks", "families", "dropout", "fused", "gguf_tokenizer", "windows", "readers", "opt_ins", "cpu"],
-    ["pooling", "settings", "download", "base_quantization", "saved_shapes", "saved_tokenizer"],
+    ["pooling", "settings", "download", "base_quantization", "saved_shapes", "saved_tokenizer", "compact", "weights_file"],
     ["loading", "lora", "base_model"],
     ["quantize"],
     ["backbone"],
