@@ -63,6 +63,25 @@ def _sync(device) -> None:
         torch.cuda.synchronize()
 
 
+def raw_copy(backbone):
+    """(model, tokenizer): a copy of the backbone's decoder as a plain Hugging Face model,
+    its LoRA layers replaced by their base layers and its per-layer mask hooks removed."""
+    import copy
+
+    from peft.tuners.lora import LoraLayer
+
+    backbone.set_quantized(False)
+    backbone.set_merged(False)
+    model = copy.deepcopy(backbone.model)
+    for module in list(model.modules()):
+        module._forward_pre_hooks.clear()
+        module._forward_pre_hooks_with_kwargs.clear()
+        for name, child in list(module.named_children()):
+            if isinstance(child, LoraLayer):
+                setattr(module, name, child.get_base_layer())
+    return model, copy.deepcopy(backbone.tokenizer)
+
+
 def run(args) -> int:
     import spacy
     import torch
@@ -70,7 +89,6 @@ def run(args) -> int:
     from spacy.training import Example
 
     from .layers.decoder_tok2vec import get_backbone
-    from .loading import load_config, load_decoder
     from .quantize import quantize_linears
     from .sharing import load
 
@@ -98,9 +116,8 @@ def run(args) -> int:
     settings = backbone.settings
     unmask = settings.unmask
     # The raw copy runs as the pipeline does: under autocast to the backbone's compute
-    # dtype (None: float32), with its weights (never trained) stored in that dtype.
+    # dtype (None: float32), with the pipeline's own weights.
     compute_dtype = backbone.compute_dtype
-    weights_dtype = compute_dtype or torch.float32
     device = backbone.device
     pieces = sum(len(ids) for ids in backbone.tokenizer(texts, add_special_tokens=False)["input_ids"])
     non_embedding = sum(
@@ -141,10 +158,10 @@ def run(args) -> int:
     results["pipeline_share_of_matmul_peak"] = round(results["pipeline_gflops"] / results["matmul_gflops"], 3)
     results["peak_rss_mb_inference"] = round(peak_rss_mb())
 
-    # The raw pass: a clean copy of the base decoder (no LoRA, the same layers), its own
-    # tokenizer with padding, the same dtype and batch size, texts in the given order.
-    config = load_config(settings.name, num_layers=settings.num_layers)
-    base, tokenizer = load_decoder(settings.name, config, dtype=weights_dtype)
+    # The raw pass: a plain copy of the pipeline's own decoder (no LoRA, no mask hooks, the
+    # same layers and weights), its tokenizer with padding, the same dtype and batch size,
+    # texts in the given order.
+    base, tokenizer = raw_copy(backbone)
     base = base.to(device).eval()
     if backbone.predicts_in_int8:
         quantize_linears(base)
