@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 VENV := .venv
 VENV_T4 := .venv-t4
 BACKBONE_TESTS := tests/test_masks.py tests/test_backbone.py tests/test_loading.py tests/test_families.py tests/test_weights_on_disk.py tests/test_gemma3.py \
-	tests/test_download.py tests/test_gguf_tokenizer.py tests/test_fused.py
+	tests/test_download.py tests/test_gguf_tokenizer.py tests/test_fused.py tests/test_saving.py tests/test_hostile_pipelines.py
 # The tests whose numbers depend on the CPU's kernels (dtype auto, int8, fused norms, the
 # 4-bit base), run again as an AVX2-only CPU sees them: torch's CPU capability and oneDNN's
 # instruction set capped, so bfloat16 and VNNI are off whatever CPU CI lands on.
