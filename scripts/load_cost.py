@@ -6,13 +6,14 @@
 A fresh (untrained) pipeline on `--model` is saved under `--workdir` (untrained weights
 are as large as trained ones), then loaded `--loads` times, each in a fresh process: the
 wall time of `spacy.load` and the process's peak resident memory (VmHWM) are recorded,
-with its resident memory after the imports, before loading. The first load
-may read the file from disk; the later ones find it in the page cache (warm).
+with its resident memory after the imports, before loading. Before the first load the
+pipeline's files are dropped from the page cache (posix_fadvise), so it reads them from
+disk (cold); the later ones find them in the page cache (warm). `--wheel` also builds
+the pipeline's `spacy package` wheel and records its size.
 """
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -48,6 +49,77 @@ def save_pipeline(args, path: Path) -> None:
     nlp.to_disk(path)
 
 
+def drop_from_page_cache(path: Path) -> None:
+    """Evict the files under `path` from the page cache (clean pages: nothing is lost)."""
+    for file in path.rglob("*"):
+        if file.is_file():
+            fd = os.open(file, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def wheel_mib(path: Path, workdir: Path) -> float:
+    """The size of the pipeline's `spacy package` wheel."""
+    out = workdir / "package"
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    subprocess.run([sys.executable, "-m", "spacy", "package", str(path), str(out), "--build", "wheel",
+                    "--name", "load_cost", "--version", "0.0.0", "--force"], check=True, capture_output=True)
+    (wheel,) = out.rglob("*.whl")
+    return round(wheel.stat().st_size / 2**20, 1)
+
+
+def summarise(paths: List[Path]) -> List[str]:
+    """The results page's lines for load-cost files: a row per file."""
+    from scripts.results import fmt, machine_text, read_json, rel
+
+    rows, notes = [], []
+    for path in paths:
+        data = read_json(path)
+        if isinstance(data, dict) and "embedding_int8" in data:
+            notes += embedding_lines(path, data)
+        if not isinstance(data, dict) or "pipeline_mib" not in data:
+            continue
+        loads = data.get("loads") or []
+        cold = [x["load_s"] for x in loads if x.get("cache") == "cold"]
+        warm = [x["load_s"] for x in loads if x.get("cache") != "cold"]
+        machine = data["machine"] if isinstance(data.get("machine"), dict) else data
+        rows.append(f"| `{rel(path)}` | {data.get('dtype')}, base {data.get('base_quantization')} | "
+                    f"{fmt(data['pipeline_mib'], 1)} | {fmt(data.get('wheel_mib'), 1)} | "
+                    f"{', '.join(fmt(x, 1) for x in cold) or '–'} | {', '.join(fmt(x, 1) for x in warm) or '–'} | "
+                    f"{fmt(max((x['peak_rss_mib'] for x in loads), default=None), 0)} | {machine_text(machine)} |")
+    if not rows:
+        return notes
+    return notes + ["`python -m scripts.load_cost --model MODEL --num-layers N --dtype DTYPE --loads N [--wheel] --output FILE`: "
+            "a fresh pipeline's size on disk (MiB), its `spacy package` wheel, `spacy.load` in a fresh process "
+            "(seconds; cold: its files dropped from the page cache first, or not recorded in files without a `cache` "
+            "field) and the peak resident memory of loading (MiB). The CPU is shared: times compare only within a file "
+            "and between files measured one after the other.", "",
+            "| file | weights | pipeline MiB | wheel MiB | load s, cold | load s, warm | peak MiB | machine |",
+            "|---|---|---:|---:|---:|---:|---:|---|"] + rows + [""]
+
+
+def embedding_lines(path: Path, data: dict) -> List[str]:
+    """A research.embedding_int8 file: how far the 8-bit embedding moves the vectors."""
+    from scripts.results import command_text, fmt, machine_text, rel
+
+    def moved(found: dict) -> str:
+        return (f"relative error {fmt(100 * found['relative_error'], 1)}%, cosine min {fmt(found['cosine_min'], 4)}, "
+                f"mean {fmt(found['cosine_mean'], 4)}")
+
+    lines = [f"`{rel(path)}` (`{command_text(data['command'])}`; {data['docs']} sentences, {data['tokens']} tokens; "
+             f"{machine_text(data.get('machine'))}):", ""]
+    for scale, found in data["embedding_int8"].items():
+        lines.append(f"- 8-bit embedding, {scale.replace('_', ' ')}: rows used {fmt(100 * found['rows'], 2)}% off; "
+                     f"vectors {moved(found['vectors'])}")
+    lines.append(f"- for comparison, a bfloat16 decoder against float32: vectors {moved(data['bfloat16_against_float32'])}")
+    return lines + [""]
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="gemma3-270m")
@@ -56,21 +128,24 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--base-quantization", default="none", choices=("none", "nf4", "int8"))
     parser.add_argument("--loads", type=int, default=3, help="loads, each in a fresh process")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/spacy-unmask-load-cost"))
+    parser.add_argument("--wheel", action="store_true", help="also build the spacy package wheel")
     parser.add_argument("--output", type=Path, required=True)
     args = parser.parse_args(argv)
 
-    from spacy_unmask.cpu import cpu_flags
+    from spacy_unmask.cpu import machine
 
     path = args.workdir / "pipeline"
     save_pipeline(args, path)
     files = {str(p.relative_to(path)): p.stat().st_size for p in sorted(path.rglob("*")) if p.is_file()}
     loads = []
-    for _ in range(args.loads):
+    for number in range(args.loads):
+        if number == 0:
+            drop_from_page_cache(path)
         done = subprocess.run([sys.executable, "-c", LOAD.format(path=str(path))], capture_output=True, text=True,
                               env={**os.environ, "OMP_NUM_THREADS": "1"})
         if done.returncode:
             raise SystemExit(done.stderr[-2000:])
-        loads.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        loads.append({"cache": "warm" if number else "cold", **json.loads(done.stdout.strip().splitlines()[-1])})
     result = {
         "command": "python -m scripts.load_cost " + " ".join(argv if argv is not None else sys.argv[1:]),
         "model": args.model,
@@ -78,10 +153,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         "dtype": args.dtype,
         "base_quantization": args.base_quantization,
         "pipeline_mib": round(sum(files.values()) / 2**20, 1),
-        "backbone_file_mib": round(files.get("ner/model", 0) / 2**20, 1),
+        "backbone_file_mib": round(sum(v for k, v in files.items() if k == "ner/model" or k.startswith("ner/backbone"))
+                                   / 2**20, 1),
+        "files_mib": {k: round(v / 2**20, 1) for k, v in files.items() if v >= 2**20},
+        "wheel_mib": wheel_mib(path, args.workdir) if args.wheel else None,
         "loads": loads,
-        "machine": platform.machine(),
-        "cpu_flags": cpu_flags(),
+        "machine": machine(),
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(result, indent=2) + "\n")

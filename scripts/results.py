@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from scripts.report import SEED, load_runs, main_score, read_json, seed_summary
+from scripts.load_cost import summarise as summarise_load_cost
 from scripts.tasks_table import tasks_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -317,6 +318,7 @@ class Family:
 FAMILIES = [
     Family("Trained pipelines", "**/*.train.json", summarise_runs),
     Family("Speed and memory", "bench/*.json", summarise_bench),
+    Family("Pipeline size and load cost", "bench/load-cost/*.json", summarise_load_cost),
     Family("Precision: float32, bfloat16 and int8", "bench/quantize-*.json", summarise_quantize),
     Family("Mask studies (`python -m scripts.runs plot`)", "**/*sweep.md", summarise_tables),
     Family("Entity-score calibration", "**/*.calibration.json", summarise_calibration),

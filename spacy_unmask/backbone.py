@@ -19,6 +19,7 @@ from torch import nn
 
 from .base_quantization import install_quantized, is_quantized, quantize_base, quantized_shells
 from .base_model import base_record
+from .compact import as_model_dtypes
 from . import cpu
 from .pooling import pool_pieces
 from .windows import PieceBatch, plan_batch
@@ -121,7 +122,8 @@ class Backbone(nn.Module):
             model, _ = _load_base(settings, str(base))
         model = apply_finetuning(model, settings)
         installed = install_quantized(model, state) if settings.save_mode == "full" else set()
-        missing, unexpected = model.load_state_dict(state, strict=False)
+        # the read tensors become the weights (no copy), each in the dtype it is used in
+        missing, unexpected = model.load_state_dict(as_model_dtypes(model, state), strict=False, assign=True)
         missing = [k for k in missing if k not in installed]
         if settings.save_mode == "adapter":
             missing = [k for k in missing if "lora_" in k]  # the base weights came from `name`

@@ -50,9 +50,8 @@ def tokenizer_from_data(files: Dict[str, bytes]):
     for name in (SPECIAL_TOKENS_FILE, CONFIG_FILE):  # the config's own keys win
         if name in files:
             settings.update(data_settings(name, files[name]))
-    vocab = backend.get_vocab(with_added_tokens=True)
     for key in SPECIAL_TOKENS:
-        if key in settings and settings[key] not in vocab:
+        if key in settings and backend.token_to_id(settings[key]) is None:
             raise refused(f"{key!r} in {CONFIG_FILE!r} is not a piece of the tokenizer")
     return PreTrainedTokenizerFast(tokenizer_object=backend, **settings)
 
