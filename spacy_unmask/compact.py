@@ -95,3 +95,15 @@ def dequantize_rows(values: torch.Tensor, scale: torch.Tensor, dtype: torch.dtyp
         block = slice(start, start + _CHUNK_ROWS)
         out[block] = values[block].float().mul_(scale[block, None])
     return out
+
+
+def as_model_dtypes(model: nn.Module, state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """`state` (in place) with each floating tensor in the dtype of the model's tensor of
+    that name (a narrowed weight widened back, exactly), so that loading can take the
+    tensors themselves instead of copying them."""
+    current = model.state_dict(keep_vars=True)
+    for key, value in state.items():
+        target = current.get(key)
+        if target is not None and value.is_floating_point() and target.is_floating_point() and value.dtype != target.dtype:
+            state[key] = value.to(target.dtype)
+    return state
