@@ -62,14 +62,19 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--model", help="the decoder (name), default: the configs'")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = parser.parse_args(argv)
 
     import spacy
     from spacy.tokens import DocBin
     from spacy.training import Example
 
+    import torch
+
     from spacy_unmask.cpu import machine
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     nlp = spacy.blank("en")
     docs = list(DocBin().from_disk(args.data).get_docs(nlp.vocab))[: args.docs]
     examples = [Example(nlp.make_doc(doc.text), doc) for doc in docs[:200]]
@@ -86,7 +91,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     result = {
         "command": " ".join(["python -m scripts.multitask_speed", *(sys.argv[1:] if argv is None else argv)]),
         "data": str(args.data), "docs": len(texts), "words": sum(len(t.split()) for t in texts),
-        "batch_size": args.batch_size, "rounds": [{k: round(v, 1) for k, v in r.items()} for r in rounds],
+        "batch_size": args.batch_size, "torch_threads": torch.get_num_threads(), "rounds": [{k: round(v, 1) for k, v in r.items()} for r in rounds],
         "shared_words_per_s": round(shared_wps, 1), "three_pipelines_words_per_s": round(three_wps, 1),
         "speedup": round(shared_wps / three_wps, 2), **machine(),
     }

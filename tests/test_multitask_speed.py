@@ -29,9 +29,10 @@ def test_one_shared_pass_is_timed_against_three_pipelines(tiny_dirs, tmp_path):
     docbin.to_disk(tmp_path / "test.spacy")
     output = tmp_path / "speed.json"
     assert multitask_speed.main([str(tmp_path / "test.spacy"), "--output", str(output), "--configs", str(configs),
-                                 "--docs", "10", "--rounds", "2"]) == 0
+                                 "--docs", "10", "--rounds", "2", "--threads", "1"]) == 0
     result = json.loads(output.read_text())
     assert result["docs"] == 10 and result["words"] == 60 and len(result["rounds"]) == 2
     assert result["shared_words_per_s"] > 0 and result["three_pipelines_words_per_s"] > 0
     assert result["speedup"] == round(result["shared_words_per_s"] / result["three_pipelines_words_per_s"], 2)
     assert "cpu_flags" in result and result["command"].startswith("python -m scripts.multitask_speed")
+    assert result["torch_threads"] == 1
