@@ -97,10 +97,10 @@ class BackboneSettings:
     save_mode: str = "full"
     """"full": base weights saved inside the pipeline; "adapter": LoRA weights only,
     the base is reloaded from `name`."""
-    save_embedding: str = "int8"
-    """How a saved full pipeline stores the frozen input embedding: "int8" (8 bits, a
-    power-of-two scale per row, dequantised on load: Gemma 3 270M's pipeline about 60%
-    smaller; `compact.py`) or "exact" (as it is used)."""
+    save_embedding: str = "exact"
+    """How a saved full pipeline stores the frozen input embedding: "exact" (as it is used)
+    or "int8" (8 bits, a power-of-two scale per row, dequantised on load: Gemma 3 270M's
+    pipeline about a third smaller; `compact.py`; its effect on F1 is not yet measured)."""
     trust_remote_code: bool = False
     """Allow code from the model repository (off by default). Wherever a base model is loaded
     (nlp.initialize(), spacy.load), it takes effect only where the loading process sets

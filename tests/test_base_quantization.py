@@ -12,7 +12,7 @@ from spacy_unmask.layers.decoder_tok2vec import DecoderTok2Vec
 from spacy_unmask.settings import BackboneSettings
 from test_saving import read_backbone
 from tiny_models import (
-    FAMILIES, TRAIN, check_doc, ents, gold_examples, make_pipeline, round_embedding_to_int8, train_pipeline, vectors,
+    FAMILIES, TRAIN, check_doc, ents, gold_examples, make_pipeline, train_pipeline, vectors,
 )
 
 bnb = pytest.importorskip("bitsandbytes")
@@ -116,7 +116,6 @@ def test_masks_reach_every_layer_of_a_quantised_base(tiny_dirs, family, mode):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_saved_as_used_and_loaded_to_the_same_predictions(tiny_dirs, tmp_path, mode, dtype):
     nlp = trained(tiny_dirs("llama", "metaspace"), mode, dtype=dtype)
-    round_embedding_to_int8(nlp)  # as the saved embedding
     docs = [blank.make_doc(t) for t in TEXTS]
     expected_vectors, expected_ents = vectors(nlp, docs), [ents(d) for d in nlp.pipe(TEXTS)]
     nlp.to_disk(tmp_path / "first")

@@ -40,7 +40,7 @@ def bf16_model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def trained(bf16_model):
-    nlp = make_pipeline(bf16_model, lora_r=4)  # float32 compute, as on a CPU without bfloat16
+    nlp = make_pipeline(bf16_model, lora_r=4, save_embedding="int8")  # float32 compute, as on a CPU without bfloat16
     train_pipeline(nlp, 3, learn_rate=0.01)
     return nlp
 

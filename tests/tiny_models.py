@@ -359,7 +359,7 @@ def check_fails_early_and_clearly(model_dir, monkeypatch, table: dict, case: str
 
 def round_embedding_to_int8(nlp) -> None:
     """Give the in-memory pipeline the input embedding its saved copy loads with (the
-    default save_embedding = "int8"): each row rounded to 8 bits with its power-of-two scale."""
+    save_embedding = "int8"): each row rounded to 8 bits with its power-of-two scale."""
     import torch
 
     from spacy_unmask import get_backbone
