@@ -72,13 +72,18 @@ def stored_weights_size(path) -> int:
     return (path / "ner" / "backbone.safetensors").stat().st_size
 
 
-def exact_size(nlp, tmp_path) -> int:
+def save_exact(nlp, path) -> None:
+    """Save the pipeline with its embedding as it is used (save_embedding = "exact")."""
     settings = get_backbone(nlp).settings
     settings.save_embedding = "exact"
     try:
-        nlp.to_disk(tmp_path / "exact")
+        nlp.to_disk(path)
     finally:
         settings.save_embedding = "int8"
+
+
+def exact_size(nlp, tmp_path) -> int:
+    save_exact(nlp, tmp_path / "exact")
     stored = stored_weights(tmp_path / "exact")
     assert stored[EMBEDDING].dtype == torch.bfloat16 and EMBEDDING + SCALE_SUFFIX not in stored
     return stored_weights_size(tmp_path / "exact")
@@ -130,12 +135,7 @@ def test_pipeline_saved_to_bytes_keeps_weights_inside(saved):
 
 def test_format_1_pipeline_still_loads(trained, tmp_path):
     """A pipeline of the first format: its weights inside the message, as they were used."""
-    settings = get_backbone(trained).settings
-    settings.save_embedding = "exact"
-    try:
-        trained.to_disk(tmp_path / "exact")
-    finally:
-        settings.save_embedding = "int8"
+    save_exact(trained, tmp_path / "exact")
 
     def as_format_1(msg):
         msg["format"] = 1
