@@ -73,7 +73,7 @@ def machine_text(info: Optional[dict]) -> str:
     if info.get("cores"):
         parts.append(f"{info['cores']} cores")
     if info.get("torch_threads"):
-        parts.append(f"{info['torch_threads']} torch threads")
+        parts.append(f"{info['torch_threads']} torch thread{'s' if info['torch_threads'] != 1 else ''}")
     if info.get("cpu_flags"):
         parts.append(" ".join(info["cpu_flags"]))
     elif "cpu_bf16" in info:
