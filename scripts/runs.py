@@ -188,12 +188,17 @@ def train_command(args, run: dict) -> List[str]:
 
 
 @lru_cache(maxsize=None)
+def read_config(config: Path):
+    """A config as written (uninterpolated), read once per campaign."""
+    from spacy.util import load_config
+
+    return load_config(config, interpolate=False)
+
+
 def backbone_block(config: Path) -> str:
     """The dotted path of the config's decoder block (@architectures = DecoderTok2Vec):
     components.ner.model.tok2vec (configs/ner.cfg), components.chunker.model.tok2vec
     (chunk.cfg), components.tok2vec.model (a shared decoder: multitask.cfg)."""
-    from spacy.util import load_config
-
     found = []
 
     def walk(section, path):
@@ -203,19 +208,16 @@ def backbone_block(config: Path) -> str:
             for key, value in section.items():
                 walk(value, path + [key])
 
-    walk(load_config(config, interpolate=False), [])
+    walk(read_config(config), [])
     if len(found) != 1:
         raise SystemExit(f"{config}: {len(found)} decoder blocks (@architectures = {DECODER}); the backbone "
                          f"settings (--specs, --model, --num-layers, --repeat) need exactly one")
     return found[0]
 
 
-@lru_cache(maxsize=None)
 def components(config: Path) -> Dict[str, dict]:
     """The [components] of a config, uninterpolated."""
-    from spacy.util import load_config
-
-    return dict(load_config(config, interpolate=False).get("components", {}))
+    return dict(read_config(config).get("components", {}))
 
 
 def span_group(config: Path) -> Optional[str]:

@@ -2,7 +2,7 @@
 every kind of bad record, and the helpers that compare outputs.
 
 The pipeline is a tiny random Llama-style decoder trained for a few steps, so its
-entities are arbitrary but deterministic. It is built once per session, whichever test
+entities are arbitrary but deterministic. It is built once per test run, whichever test
 module asks first (the fixtures are imported into several modules).
 """
 import json

@@ -11,7 +11,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory):
-    """save_pretrained directories of tiny random models, made once per session."""
+    """save_pretrained directories of tiny random models, made once per test run."""
     from tiny_models import save_tiny_model
 
     made = {}
@@ -65,7 +65,7 @@ def registry_model():
 
 class AuditRecorder:
     """Records what the process opens, connects to and starts while `active` (audit
-    hooks cannot be removed, so one recorder serves the whole session)."""
+    hooks cannot be removed, so one recorder serves the whole test run)."""
 
     OPEN = ("open", "os.open")
     NETWORK = ("socket.connect", "socket.bind", "socket.getaddrinfo", "socket.sendto", "urllib.Request")
