@@ -6,7 +6,13 @@
 The texts of `--data` (a .spacy file, or a text file with one document a line) are
 cycled until `--n-docs` documents have gone through one `nlp.pipe` call, as a
 long-running service would send them. Without `--pipeline`, a fresh (untrained)
-pipeline is built on `--model`, which is enough for memory. The JSON holds the
+pipeline is built on `--model`, which is enough for memory. `--shrink` builds it on a
+random decoder of the model's family with two layers of width 64 and the model's own
+tokenizer and vocabulary: the same tokenizer, windows, pipeline and Doc code at a
+small part of the compute, for streams too long to run through the full decoder. `--onednn-cache N` sets
+LRU_CACHE_CAPACITY and ONEDNN_PRIMITIVE_CACHE_CAPACITY (the kernel caches of torch's
+oneDNN path, which bfloat16 prediction on CPU takes; 1,024 entries each unless set)
+before the first product runs. The JSON holds the
 resident set size (VmRSS, MiB) after every `--every` documents, its peak, and the
 growth from the first record to the last (`growth`: last / first - 1). It is not a
 speed benchmark; the seconds are recorded for orientation only, with the CPU flags.
@@ -14,11 +20,15 @@ speed benchmark; the seconds are recorded for orientation only, with the CPU fla
 import argparse
 import itertools
 import json
+import os
 import platform
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import List, Optional
+
+CACHE_VARIABLES = ("LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")
 
 
 def rss_mib() -> float:
@@ -43,6 +53,38 @@ def read_texts(path: Path) -> List[str]:
     return texts
 
 
+def shrunk(name: str, folder: Path) -> str:
+    """A random decoder of `name`'s family and vocabulary (2 layers of width 64) saved in
+    `folder` with `name`'s tokenizer files; returns the folder."""
+    import shutil
+
+    import transformers
+
+    from spacy_unmask.loading import load_config, resolve_source
+
+    config = load_config(name, num_layers=2)
+    config.update({"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2,
+                   "num_key_value_heads": 1, "head_dim": 32})
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    source, _ = resolve_source(name)
+    for file in Path(source).glob("tokenizer*"):
+        shutil.copy(file, folder / file.name)
+    for file in Path(source).glob("special_tokens_map.json"):
+        shutil.copy(file, folder / file.name)
+    return str(folder)
+
+
+def decoder_dtype(nlp) -> Optional[str]:
+    """The dtype of the first decoder's embedding in `nlp` (the dtype it predicts in)."""
+    for _, component in nlp.components:
+        for node in component.model.walk() if hasattr(component, "model") else []:
+            for shim in node.shims:
+                decoder = getattr(shim._model, "model", None)
+                if hasattr(decoder, "get_input_embeddings"):
+                    return str(decoder.get_input_embeddings().weight.dtype).replace("torch.", "")
+    return None
+
+
 def build(args):
     import spacy
 
@@ -51,7 +93,7 @@ def build(args):
 
         return load(args.pipeline, **({"base_quantization": args.base_quantization} if args.base_quantization else {}))
     nlp = spacy.blank("en")
-    tok2vec = {"name": args.model, "num_layers": args.num_layers}
+    tok2vec = {"name": args.model, "num_layers": args.num_layers, "dtype": args.dtype}
     if args.base_quantization:
         tok2vec["base_quantization"] = args.base_quantization
     ner = nlp.add_pipe("unmask_ner", name="ner", config={"model": {"tok2vec": tok2vec}})
@@ -60,19 +102,52 @@ def build(args):
     return nlp
 
 
+def summarise(paths: List[Path]) -> List[str]:
+    """The results page's lines for pipe-memory files: a row per file."""
+    from scripts.results import command_text, fmt, machine_text, read_json, rel
+
+    rows, commands = [], []
+    for path in paths:
+        data = read_json(path)
+        if not isinstance(data, dict) or "records" not in data:
+            continue
+        at = {r["docs"]: r["rss_mib"] for r in data["records"]}
+        caches = ", ".join(f"{k}={v}" for k, v in (data.get("environment") or {}).items() if v) or "unset (1,024)"
+        rows.append(f"| `{rel(path)}` | {data.get('model') or data.get('pipeline')} | {data.get('dtype') or '–'} | "
+                    f"{caches} | {data['n_docs']:,} | {fmt(data['rss_mib_first'], 1)} | {fmt(at.get(10_000), 1)} | "
+                    f"{fmt(data['rss_mib_last'], 1)} | {fmt(100 * data['growth'], 2, sign=True)} | {machine_text(data)} |")
+        commands.append(f"- `{command_text(data['command'])}`")
+    if not rows:
+        return []
+    return (["Resident memory (MiB) of one `nlp.pipe` call streaming the texts of a corpus (CoNLL-2003 test sentences), cycled, in batches of 64 "
+             "(`scripts/pipe_memory.py`): after the first 1,000 documents, after 10,000, at the end, and the growth "
+             "from first to last. Not a speed benchmark.", "",
+             "| file | decoder | dtype | kernel caches | documents | RSS at 1,000 | at 10,000 | at the end | growth, % | "
+             "machine |", "|---|---|---|---|---:|---:|---:|---:|---:|---|"] + rows + ["", "Commands:", ""]
+            + commands + [""])
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pipeline", type=Path, help="a saved pipeline (else a fresh one on --model)")
     parser.add_argument("--model", default="gemma3-270m", help="backbone for a fresh pipeline")
     parser.add_argument("--num-layers", type=int, default=0, help="num_layers of a fresh pipeline")
+    parser.add_argument("--dtype", default="auto", help="dtype of a fresh pipeline (auto, float32, bfloat16)")
+    parser.add_argument("--shrink", action="store_true",
+                        help="a random 2-layer, 64-wide decoder with --model's tokenizer and vocabulary")
     parser.add_argument("--base-quantization", choices=("none", "nf4", "int8"), help="set base_quantization")
     parser.add_argument("--data", type=Path, required=True, help=".spacy file or text file (one document a line)")
     parser.add_argument("--n-docs", type=int, default=100_000)
     parser.add_argument("--every", type=int, default=1000, help="record memory every N documents")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--onednn-cache", type=int,
+                        help="entries of torch's oneDNN kernel caches (LRU_CACHE_CAPACITY, ONEDNN_PRIMITIVE_CACHE_CAPACITY)")
     parser.add_argument("--output", type=Path, required=True)
     args = parser.parse_args(argv)
+    if args.onednn_cache is not None:
+        for variable in CACHE_VARIABLES:
+            os.environ[variable] = str(args.onednn_cache)
 
     import torch
 
@@ -81,8 +156,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     texts = read_texts(args.data)
-    before_load = rss_mib()
-    nlp = build(args)
+    name = args.model
+    with tempfile.TemporaryDirectory() as folder:
+        if args.shrink:
+            args.model = shrunk(args.model, Path(folder))
+        before_load = rss_mib()
+        nlp = build(args)
+    model = "random 2-layer, 64-wide decoder with the tokenizer of " + name if args.shrink else name
     records, start = [], time.perf_counter()
     stream = itertools.islice(itertools.cycle(texts), args.n_docs)
     for done, _ in enumerate(nlp.pipe(stream, batch_size=args.batch_size), 1):
@@ -92,13 +172,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     result = {
         "command": "python -m scripts.pipe_memory " + " ".join(argv if argv is not None else sys.argv[1:]),
         "pipeline": str(args.pipeline) if args.pipeline else None,
-        "model": None if args.pipeline else args.model,
+        "model": None if args.pipeline else model,
         "base_quantization": args.base_quantization,
         "data": str(args.data),
         "distinct_texts": len(texts),
         "n_docs": args.n_docs,
         "batch_size": args.batch_size,
         "torch_threads": torch.get_num_threads(),
+        "dtype": decoder_dtype(nlp),
+        "environment": {variable: os.environ.get(variable) for variable in CACHE_VARIABLES},
         "machine": platform.machine(),
         "cpu_flags": cpu_flags(),
         "rss_mib_before_load": round(before_load, 1),

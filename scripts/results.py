@@ -25,6 +25,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from scripts.report import SEED, load_runs, main_score, read_json, seed_summary
 from scripts.embedding_f1 import summarise as summarise_embedding_f1
 from scripts.load_cost import summarise as summarise_load_cost
+from scripts.pipe_memory import summarise as summarise_pipe_memory
 from scripts.tasks_table import tasks_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -319,6 +320,7 @@ class Family:
 FAMILIES = [
     Family("Trained pipelines", "**/*.train.json", summarise_runs),
     Family("Speed and memory", "bench/*.json", summarise_bench),
+    Family("Memory over a long stream", "bench/pipe-memory*.json", summarise_pipe_memory),
     Family("Pipeline size and load cost", "bench/load-cost/*.json", summarise_load_cost),
     Family("The 8-bit embedding on a trained pipeline (dev)", "bench/load-cost/embedding-int8-f1-*.json",
            summarise_embedding_f1),
