@@ -28,8 +28,6 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
-CACHE_VARIABLES = ("LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")
-
 
 def rss_mib() -> float:
     """The current resident set size of this process, in MiB (Linux)."""
@@ -145,13 +143,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="entries of torch's oneDNN kernel caches (LRU_CACHE_CAPACITY, ONEDNN_PRIMITIVE_CACHE_CAPACITY)")
     parser.add_argument("--output", type=Path, required=True)
     args = parser.parse_args(argv)
+    from spacy_unmask.cpu import KERNEL_CACHE_VARIABLES, cpu_flags
+
     if args.onednn_cache is not None:
-        for variable in CACHE_VARIABLES:
+        for variable in KERNEL_CACHE_VARIABLES:
             os.environ[variable] = str(args.onednn_cache)
 
     import torch
-
-    from spacy_unmask.cpu import cpu_flags
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -180,7 +178,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "batch_size": args.batch_size,
         "torch_threads": torch.get_num_threads(),
         "dtype": decoder_dtype(nlp),
-        "environment": {variable: os.environ.get(variable) for variable in CACHE_VARIABLES},
+        "environment": {variable: os.environ.get(variable) for variable in KERNEL_CACHE_VARIABLES},
         "machine": platform.machine(),
         "cpu_flags": cpu_flags(),
         "rss_mib_before_load": round(before_load, 1),

@@ -12,6 +12,11 @@ int8 matrices with instructions that add pairs of u8 x s8 products into saturati
 16-bit sums, so large values come out wrong (a 64-long row of 127s against 127s:
 8,160 instead of 1,032,256). `int8_products_exact` runs exactly that product once and
 compares it with the exact integer result.
+
+Memory: in bfloat16, torch's products go through oneDNN, which keeps a compiled kernel
+for every input shape in two caches of 1,024 entries; a long stream of documents of many
+lengths fills them and resident memory climbs. `bound_kernel_caches` makes them smaller
+for a process that streams (docs/speed.md has the measurements).
 """
 import os
 import platform
@@ -24,6 +29,9 @@ import torch
 # The CPU features that decide which kernels run (bfloat16, int8 dot products, tiles).
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")
 # oneDNN instruction-set caps under which it has no bfloat16 arithmetic
+# torch's oneDNN kernel caches (ideep's and oneDNN's own), and the entries a streaming process keeps
+KERNEL_CACHE_VARIABLES = ("LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")
+STREAMING_KERNEL_CACHE = 64
 _NO_BF16_ISAS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI")
 
 
@@ -106,3 +114,11 @@ def machine() -> dict:
         "cpu_bf16": bf16_supported() if not torch.cuda.is_available() else None,
         "int8_exact": int8_products_exact(),
     }
+
+
+def bound_kernel_caches(entries: int = STREAMING_KERNEL_CACHE) -> None:
+    """Hold torch's oneDNN kernel caches to `entries` each, unless the environment sets
+    them. The caches read the variables when the first oneDNN product runs, so call this
+    before anything is predicted."""
+    for variable in KERNEL_CACHE_VARIABLES:
+        os.environ.setdefault(variable, str(entries))

@@ -1,10 +1,11 @@
 """spacy_unmask/annotate/cli.py: `python -m spacy_unmask annotate`, its defaults and usage errors."""
 import argparse
 import dataclasses
+import os
 
 from annotate_fixtures import corpus, pipeline_dir, write_parquet_corpus  # noqa: F401 (fixtures)
 from spacy_unmask.__main__ import main
-from spacy_unmask.annotate import EXIT_USAGE, LocalOptions, Options, RayOptions
+from spacy_unmask.annotate import EXIT_OK, EXIT_USAGE, LocalOptions, Options, RayOptions
 from spacy_unmask.annotate.cli import add_arguments
 
 
@@ -37,3 +38,14 @@ def test_usage_errors_name_the_setting(pipeline_dir, corpus, tmp_path, capsys):
     assert "PIPELINE" in capsys.readouterr().err and not (tmp_path / "e.jsonl").exists()
     assert main(["annotate", pipeline_dir, str(tmp_path / "nothing.jsonl"), str(tmp_path / "f.jsonl")]) == EXIT_USAGE
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_annotate_bounds_the_kernel_caches_before_it_predicts(pipeline_dir, tmp_path, monkeypatch):
+    from spacy_unmask.cpu import KERNEL_CACHE_VARIABLES, STREAMING_KERNEL_CACHE
+
+    for variable in KERNEL_CACHE_VARIABLES:
+        monkeypatch.delenv(variable, raising=False)
+    records = tmp_path / "in.jsonl"
+    records.write_text('{"id": "a", "text": "Peter Blackburn visited Berlin ."}\n', encoding="utf8")
+    assert main(["annotate", pipeline_dir, str(records), str(tmp_path / "out.jsonl")]) == EXIT_OK
+    assert all(os.environ.get(v) == str(STREAMING_KERNEL_CACHE) for v in KERNEL_CACHE_VARIABLES)

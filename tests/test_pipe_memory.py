@@ -2,6 +2,7 @@
 import json
 
 from scripts import pipe_memory
+from spacy_unmask.cpu import KERNEL_CACHE_VARIABLES
 
 
 def test_records_memory_every_n_documents(tiny_dirs, tmp_path):
@@ -21,7 +22,7 @@ def test_records_memory_every_n_documents(tiny_dirs, tmp_path):
 def test_shrunk_decoder_keeps_the_tokenizer_and_the_cache_setting_is_recorded(tiny_dirs, tmp_path, monkeypatch):
     import transformers
 
-    for variable in pipe_memory.CACHE_VARIABLES:
+    for variable in KERNEL_CACHE_VARIABLES:
         monkeypatch.delenv(variable, raising=False)
     model = tiny_dirs("llama")
     folder = tmp_path / "shrunk"
@@ -39,7 +40,7 @@ def test_shrunk_decoder_keeps_the_tokenizer_and_the_cache_setting_is_recorded(ti
             "--every", "2", "--batch-size", "2", "--output", str(output)]
     assert pipe_memory.main(args) == 0
     result = json.loads(output.read_text())
-    assert result["environment"] == {variable: "64" for variable in pipe_memory.CACHE_VARIABLES}
+    assert result["environment"] == {variable: "64" for variable in KERNEL_CACHE_VARIABLES}
     assert result["model"].startswith("random 2-layer, 64-wide decoder")
     assert result["dtype"] in ("float32", "bfloat16")
     assert "| 4 |" in "\n".join(pipe_memory.summarise([output]))

@@ -71,6 +71,9 @@ def _set_away_from_default(cls, args):
 
 
 def run(args) -> int:
+    from ..cpu import bound_kernel_caches
+
+    bound_kernel_caches()  # a stream of documents: keep memory flat (docs/speed.md)
     try:
         if args.engine == "local":
             refused = _set_away_from_default(RayOptions, args)
