@@ -40,7 +40,7 @@ def save_pipeline(args, path: Path) -> None:
 
     nlp = spacy.blank("en")
     tok2vec = {"name": args.model, "num_layers": args.num_layers, "dtype": args.dtype,
-               "base_quantization": args.base_quantization}
+               "base_quantization": args.base_quantization, "save_embedding": args.save_embedding}
     nlp.add_pipe("unmask_ner", name="ner", config={"model": {"tok2vec": tok2vec}}).add_label("ENT")
     nlp.initialize()
     if path.exists():
@@ -88,7 +88,8 @@ def summarise(paths: List[Path]) -> List[str]:
         cold = [x["load_s"] for x in loads if x.get("cache") == "cold"]
         warm = [x["load_s"] for x in loads if x.get("cache") != "cold"]
         machine = data["machine"] if isinstance(data.get("machine"), dict) else data
-        rows.append(f"| `{rel(path)}` | {data.get('dtype')}, base {data.get('base_quantization')} | "
+        rows.append(f"| `{rel(path)}` | {data.get('dtype')}, base {data.get('base_quantization')}, embedding "
+                    f"{data.get('save_embedding') or 'not recorded'} | "
                     f"{fmt(data['pipeline_mib'], 1)} | {fmt(data.get('wheel_mib'), 1)} | "
                     f"{', '.join(fmt(x, 1) for x in cold) or '–'} | {', '.join(fmt(x, 1) for x in warm) or '–'} | "
                     f"{fmt(max((x['peak_rss_mib'] for x in loads), default=None), 0)} | {machine_text(machine)} |")
@@ -126,6 +127,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--num-layers", type=int, default=0)
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--base-quantization", default="none", choices=("none", "nf4", "int8"))
+    parser.add_argument("--save-embedding", default="exact", choices=("exact", "int8"),
+                        help="how the pipeline stores the frozen embedding (save_embedding)")
     parser.add_argument("--loads", type=int, default=3, help="loads, each in a fresh process")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/spacy-unmask-load-cost"))
     parser.add_argument("--wheel", action="store_true", help="also build the spacy package wheel")
@@ -152,6 +155,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "num_layers": args.num_layers,
         "dtype": args.dtype,
         "base_quantization": args.base_quantization,
+        "save_embedding": args.save_embedding,
         "pipeline_mib": round(sum(files.values()) / 2**20, 1),
         "backbone_file_mib": round(sum(v for k, v in files.items() if k == "ner/model" or k.startswith("ner/backbone"))
                                    / 2**20, 1),
