@@ -7,8 +7,9 @@
 Each mode is the saved pipeline loaded with load-time overrides (its weights are not
 changed): `float32` (dtype float32), `bfloat16` (dtype bfloat16; skipped where the CPU has
 no bfloat16), `int8` (quantize int8, activations in the dtype "auto" picks), and
-`int8-no-outliers` (the same without outlier channels: the first int8 scheme, for
-comparison; set on the loaded pipeline's `Int8Linear` layers). For each
+`int8-no-outliers` (the same with no outlier channels, set on the loaded pipeline's
+`Int8Linear` layers: what ships since dev chose it; `--int8-outliers 16` gives the
+`int8` mode the outlier scheme it is compared with). For each
 data file it writes, per mode:
 - F1 (spaCy's NER scorer rules, as `scripts/calibrate.py` applies them) and the entity
   scores' calibration (ECE, 15 bins), and

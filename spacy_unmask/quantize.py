@@ -11,13 +11,14 @@ is rescaled into the input's dtype.
 
 Outlier channels: Gemma-style decoders carry a few input channels tens or hundreds
 of times larger than the rest (up to ~330 against a median channel maximum of ~4.5
-on Gemma 3's attention inputs). Left in, they set every row's scale and crush its
-other channels to a few levels. So at each call the `OUTLIER_CHANNELS` input
-channels with the largest magnitude in the batch are taken out of the int8 product
-(and out of the row scales) and multiplied in the activations' own precision
-against their int8 weight rows (LLM.int8()'s decomposition, with the outliers
-chosen per batch, no calibration text needed). On Gemma 3's last hidden state this
-halves the relative error (0.21 -> 0.10); see docs/speed.md.
+on Gemma 3's attention inputs), and they set the scale of every row they are in.
+`Int8Linear(outliers=N)` can take the N largest input channels of each call out of
+the int8 product (and out of the row scales) and multiply them in the activations'
+own precision against their int8 weight rows (LLM.int8()'s decomposition, chosen per
+batch). On Gemma 3's last hidden state 16 such channels halve the relative error
+(0.21 -> 0.10), but F1 did not follow: on dev of CoNLL-2003, NCBI-disease and BC5CDR
+the plain scheme scored 0.02 to 0.14 higher (docs/speed.md), and it is faster, so
+`OUTLIER_CHANNELS` is 0 and the decomposition is a measured option, not the default.
 
 The model stays a torch module: the per-layer mask hooks still see every layer.
 The stored full-precision weights are kept aside, never changed, and put back
@@ -37,9 +38,10 @@ from .families import decoder_layers
 from .lora import folded_weight
 
 # Input channels per call taken out of the int8 product and multiplied in the
-# activations' precision (the relative error of Gemma 3's last hidden state: 8 -> 0.115,
-# 16 -> 0.099, 32 -> 0.095; research/quantize_error.py).
-OUTLIER_CHANNELS = 16
+# activations' precision. 0, chosen on dev F1 (docs/speed.md); the relative error of
+# Gemma 3's last hidden state falls with more (8 -> 0.115, 16 -> 0.099, 32 -> 0.095;
+# research/quantize_error.py), the F1 of three corpora did not.
+OUTLIER_CHANNELS = 0
 
 
 def int_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
