@@ -65,22 +65,17 @@ def shrunk(name: str, folder: Path) -> str:
                    "num_key_value_heads": 1, "head_dim": 32})
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
     source, _ = resolve_source(name)
-    for file in Path(source).glob("tokenizer*"):
-        shutil.copy(file, folder / file.name)
-    for file in Path(source).glob("special_tokens_map.json"):
-        shutil.copy(file, folder / file.name)
+    for pattern in ("tokenizer*", "special_tokens_map.json"):
+        for file in Path(source).glob(pattern):
+            shutil.copy(file, folder / file.name)
     return str(folder)
 
 
-def decoder_dtype(nlp) -> Optional[str]:
-    """The dtype of the first decoder's embedding in `nlp` (the dtype it predicts in)."""
-    for _, component in nlp.components:
-        for node in component.model.walk() if hasattr(component, "model") else []:
-            for shim in node.shims:
-                decoder = getattr(shim._model, "model", None)
-                if hasattr(decoder, "get_input_embeddings"):
-                    return str(decoder.get_input_embeddings().weight.dtype).replace("torch.", "")
-    return None
+def decoder_dtype(nlp) -> str:
+    """The dtype of the pipeline's decoder embedding (the dtype it predicts in)."""
+    from spacy_unmask.layers.decoder_tok2vec import get_backbone
+
+    return str(get_backbone(nlp).model.get_input_embeddings().weight.dtype).replace("torch.", "")
 
 
 def build(args):
