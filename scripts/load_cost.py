@@ -9,7 +9,9 @@ wall time of `spacy.load` and the process's peak resident memory (VmHWM) are rec
 with its resident memory after the imports, before loading. Before the first load the
 pipeline's files are dropped from the page cache (posix_fadvise), so it reads them from
 disk (cold); the later ones find them in the page cache (warm). `--wheel` also builds
-the pipeline's `spacy package` wheel and records its size.
+the pipeline's `spacy package` wheel and records its size. `--pipeline PATH` measures a
+saved pipeline instead (a trained one, or a copy made by `trim-vocabulary`), leaving it
+as it is.
 """
 import argparse
 import json
@@ -47,6 +49,17 @@ def save_pipeline(args, path: Path) -> None:
         shutil.rmtree(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     nlp.to_disk(path)
+
+
+def describe_pipeline(args, path: Path) -> None:
+    """The settings of a saved pipeline's decoder, in `args` (for the record)."""
+    from spacy_unmask import get_backbone, load
+
+    backbone = get_backbone(load(path))
+    settings = backbone.settings
+    args.model, args.num_layers, args.dtype = settings.name, settings.num_layers, settings.dtype
+    args.base_quantization, args.save_embedding = settings.base_quantization, settings.save_embedding
+    args.embedding_rows = backbone.model.get_input_embeddings().num_embeddings
 
 
 def drop_from_page_cache(path: Path) -> None:
@@ -89,7 +102,8 @@ def summarise(paths: List[Path]) -> List[str]:
         warm = [x["load_s"] for x in loads if x.get("cache") != "cold"]
         machine = data["machine"] if isinstance(data.get("machine"), dict) else data
         rows.append(f"| `{rel(path)}` | {data.get('dtype')}, base {data.get('base_quantization')}, embedding "
-                    f"{data.get('save_embedding') or 'not recorded'} | "
+                    f"{data.get('save_embedding') or 'not recorded'}"
+                    f"{', embedding rows ' + format(data['embedding_rows'], ',') if data.get('embedding_rows') else ''} | "
                     f"{fmt(data['pipeline_mib'], 1)} | {fmt(data.get('wheel_mib'), 1)} | "
                     f"{', '.join(fmt(x, 1) for x in cold) or '–'} | {', '.join(fmt(x, 1) for x in warm) or '–'} | "
                     f"{fmt(max((x['peak_rss_mib'] for x in loads), default=None), 0)} | {machine_text(machine)} |")
@@ -123,6 +137,7 @@ def embedding_lines(path: Path, data: dict) -> List[str]:
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pipeline", type=Path, default=None, help="measure this saved pipeline instead of a fresh one")
     parser.add_argument("--model", default="gemma3-270m")
     parser.add_argument("--num-layers", type=int, default=0)
     parser.add_argument("--dtype", default="auto")
@@ -137,8 +152,12 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     from spacy_unmask.cpu import machine
 
-    path = args.workdir / "pipeline"
-    save_pipeline(args, path)
+    if args.pipeline is None:
+        path = args.workdir / "pipeline"
+        save_pipeline(args, path)
+    else:
+        path = args.pipeline
+        describe_pipeline(args, path)
     files = {str(p.relative_to(path)): p.stat().st_size for p in sorted(path.rglob("*")) if p.is_file()}
     loads = []
     for number in range(args.loads):
@@ -150,6 +169,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise SystemExit(done.stderr[-2000:])
         loads.append({"cache": "warm" if number else "cold", **json.loads(done.stdout.strip().splitlines()[-1])})
     result = {
+        "pipeline": str(args.pipeline) if args.pipeline else None,
+        "embedding_rows": getattr(args, "embedding_rows", None),
         "command": "python -m scripts.load_cost " + " ".join(argv if argv is not None else sys.argv[1:]),
         "model": args.model,
         "num_layers": args.num_layers,

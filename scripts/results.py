@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from scripts.report import SEED, load_runs, main_score, read_json, seed_summary
-from scripts.embedding_f1 import summarise as summarise_embedding_f1
+from scripts.compact_f1 import summarise as summarise_compact_f1
 from scripts.load_cost import summarise as summarise_load_cost
 from scripts.pipe_memory import summarise as summarise_pipe_memory
 from scripts.tasks_table import tasks_table
@@ -323,8 +323,7 @@ FAMILIES = [
     Family("Speed and memory", "bench/*.json", summarise_bench),
     Family("Memory over a long stream", "bench/pipe-memory*.json", summarise_pipe_memory),
     Family("Pipeline size and load cost", "bench/load-cost/*.json", summarise_load_cost),
-    Family("The 8-bit embedding on a trained pipeline (dev)", "bench/load-cost/embedding-int8-f1-*.json",
-           summarise_embedding_f1),
+    Family("Compact formats on trained pipelines", "bench/load-cost/compact-f1-*.json", summarise_compact_f1),
     Family("Precision: float32, bfloat16 and int8", "bench/quantize-*.json", summarise_quantize),
     Family("Mask studies (`python -m scripts.runs plot`)", "**/*sweep.md", summarise_tables),
     Family("Entity-score calibration", "**/*.calibration.json", summarise_calibration),

@@ -1,5 +1,6 @@
-"""`python -m spacy_unmask download NAME`, `python -m spacy_unmask bench ...` and
-`python -m spacy_unmask annotate PIPELINE INPUT OUTPUT`."""
+"""`python -m spacy_unmask download NAME`, `python -m spacy_unmask bench ...`,
+`python -m spacy_unmask annotate PIPELINE INPUT OUTPUT` and
+`python -m spacy_unmask trim-vocabulary PIPELINE OUTPUT --corpus FILE...`."""
 import argparse
 import sys
 
@@ -25,7 +26,17 @@ def main(argv=None) -> int:
     from .annotate.cli import add_arguments as add_annotate_arguments
 
     add_annotate_arguments(annotate)
+    trim = commands.add_parser(
+        "trim-vocabulary", help="a copy of a pipeline whose decoder keeps only the pieces of a corpus (smaller, quicker to load)"
+    )
+    from .trim_cli import add_arguments as add_trim_arguments
+
+    add_trim_arguments(trim)
     args = parser.parse_args(argv)
+    if args.command == "trim-vocabulary":
+        from .trim_cli import run as run_trim
+
+        return run_trim(args)
     if args.command == "annotate":
         from .annotate.cli import run as run_annotate
 

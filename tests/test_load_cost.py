@@ -15,3 +15,22 @@ def test_records_size_loads_and_the_embedding_format(tiny_dirs, tmp_path):
         assert all(x["load_s"] > 0 and x["peak_rss_mib"] > 0 for x in result["loads"])
         assert result["save_embedding"] == embedding and result["pipeline_mib"] > 0
         assert f"embedding {embedding}" in "\n".join(load_cost.summarise([output]))
+
+
+def test_measures_a_saved_pipeline_as_it_is(tiny_dirs, tmp_path):
+    from tiny_models import make_pipeline
+
+    nlp = make_pipeline(tiny_dirs("llama"), save_embedding="int8")
+    nlp.get_pipe("ner").add_label("PER")
+    nlp.initialize()
+    nlp.to_disk(tmp_path / "pipeline")
+    before = {p: p.read_bytes() for p in (tmp_path / "pipeline").rglob("*") if p.is_file()}
+    output = tmp_path / "metrics" / "saved.json"
+    args = ["--pipeline", str(tmp_path / "pipeline"), "--loads", "1", "--workdir", str(tmp_path / "work"),
+            "--output", str(output)]
+    assert load_cost.main(args) == 0
+    result = json.loads(output.read_text())
+    assert result["pipeline"] == str(tmp_path / "pipeline") and result["save_embedding"] == "int8"
+    assert result["embedding_rows"] == 320 and result["dtype"] == "float32"
+    assert {p: p.read_bytes() for p in (tmp_path / "pipeline").rglob("*") if p.is_file()} == before
+    assert "embedding rows 320" in "\n".join(load_cost.summarise([output]))

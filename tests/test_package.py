@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "spacy_unmask"
 LAYERS = [
     ["masks", "families", "dropout", "fused", "gguf_tokenizer", "windows", "readers", "opt_ins", "cpu"],
     ["pooling", "settings", "download", "base_quantization", "saved_shapes", "saved_tokenizer", "compact", "weights_file"],
-    ["loading", "lora", "base_model"],
+    ["loading", "lora", "base_model", "vocabulary"],
     ["quantize"],
     ["backbone"],
     ["saving"],
@@ -20,7 +20,7 @@ LAYERS = [
     ["pipeline.marginals"],
     ["pipeline.crf"],
     ["pipeline.unmask_ner", "sharing"],
-    ["annotate.records"],
+    ["annotate.records", "trim_cli"],
     ["annotate.options"],
     ["annotate.output"],
     ["annotate.local", "annotate.ray_engine", "bench"],

@@ -27,9 +27,9 @@ TRAINING_TEXT = [
 ]
 
 
-def tiny_config(family: str, *, num_layers: int = 4, sliding: bool = True):
+def tiny_config(family: str, *, num_layers: int = 4, sliding: bool = True, vocab_size: int = VOCAB_SIZE):
     common = dict(
-        vocab_size=VOCAB_SIZE,
+        vocab_size=vocab_size,
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=num_layers,
@@ -75,7 +75,7 @@ def tiny_decoder(family: str, *, attn_implementation: str = "sdpa", seed: int = 
     return lm.get_decoder().eval()
 
 
-def tiny_tokenizer(style: str = "bytelevel"):
+def tiny_tokenizer(style: str = "bytelevel", vocab_size: int = VOCAB_SIZE):
     """A fast BPE tokenizer trained on a few sentences: GPT-2 style ("bytelevel",
     like SmolLM2) or SentencePiece style with a BOS piece ("metaspace", like Llama/Gemma)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -92,7 +92,7 @@ def tiny_tokenizer(style: str = "bytelevel"):
         alphabet = [f"<0x{i:02X}>" for i in range(256)]
         special = special + alphabet
         alphabet = []
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=special, initial_alphabet=alphabet)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special, initial_alphabet=alphabet)
     tokenizer.train_from_iterator(TRAINING_TEXT, trainer)
     if style == "metaspace":
         from tokenizers import processors
@@ -113,7 +113,7 @@ def save_tiny_model(path, family: str = "llama", style: str = "bytelevel", seed:
     config = tiny_config(family, **kwargs)
     lm = transformers.AutoModelForCausalLM.from_config(config)
     lm.save_pretrained(str(path))
-    tiny_tokenizer(style).save_pretrained(str(path))
+    tiny_tokenizer(style, kwargs.get("vocab_size", VOCAB_SIZE)).save_pretrained(str(path))
     return str(path)
 
 

@@ -1,0 +1,194 @@
+"""A decoder's vocabulary trimmed to the pieces a corpus uses, every text still encodable.
+
+A labeller only looks rows of its input embedding up, and a corpus uses a small part
+of a large multilingual vocabulary (CoNLL-2003's training text: 21,130 of Gemma 3's
+262,144 pieces). `trim_backbone` keeps, of a BPE tokenizer:
+
+- every piece the texts are tokenized into, read the ways the pipeline reads them
+  (whole, and sentence by sentence), and optionally the pieces of the tokenizer's
+  `top` first merges (its most frequent);
+- the pieces those are merged from, for every merge that makes them, down to single
+  characters, so that each kept piece can still be made;
+- the fallback that keeps every text encodable as the tokenizer spells it: every
+  single-character piece (for a byte-level tokenizer, its 256-character alphabet;
+  Gemma 3 has 19,227), and the 256 byte pieces (`<0x00>`...) of a tokenizer with byte
+  fallback, so a word none of whose merges are kept is read as its characters, and a
+  character the tokenizer never had as its bytes, as before;
+- the special pieces (BOS, EOS, padding, unknown).
+
+Merges survive when they make a kept piece from kept pieces, in their order, so the
+texts given are tokenized into exactly the same pieces as before (checked), and any
+other text into kept pieces: a word whose merge is gone comes out as the smaller
+pieces it was built from. The embedding keeps the rows of the kept pieces, renumbered
+in their old order; nothing else of the decoder changes.
+"""
+import json
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Sequence, Set
+
+import torch
+from torch import nn
+
+SPECIAL_IDS = ("pad_token_id", "bos_token_id", "eos_token_id")
+
+
+@dataclass
+class TrimReport:
+    rows_before: int
+    rows_after: int
+    pieces_seen: int
+    texts: int
+
+
+def trim_backbone(backbone, docs: Iterable, *, top: int = 0) -> TrimReport:
+    """Trim `backbone`'s tokenizer and input embedding (in place) to the pieces of `docs`
+    (spaCy Docs), plus the pieces of the tokenizer's `top` first merges."""
+    from .saved_tokenizer import TOKENIZER_FILE, tokenizer_data, tokenizer_from_data
+
+    if backbone.settings.save_mode != "full":
+        raise ValueError(
+            "vocabulary trimming needs save_mode = \"full\": with save_mode = \"adapter\" the base model, "
+            "with its whole vocabulary, is loaded again from `name`"
+        )
+    if top < 0:
+        raise ValueError(f"top must be 0 or a positive number of merges, not {top}")
+    backbone.set_merged(False)
+    backbone.set_quantized(False)
+    data = json.loads(backbone.tokenizer.backend_tokenizer.to_str())
+    texts = pipeline_texts(docs)
+    old_ids = [enc.ids for enc in backbone.tokenizer.backend_tokenizer.encode_batch(texts, add_special_tokens=False)]
+    seen = {i for ids in old_ids for i in ids}
+    keep = kept_pieces(data, seen, {str(t) for t in backbone.tokenizer.all_special_tokens}, top)
+    new_data, order = trimmed_tokenizer(data, keep)
+    files = tokenizer_data(backbone.tokenizer)
+    files[TOKENIZER_FILE] = json.dumps(new_data, ensure_ascii=False).encode("utf-8")
+    tokenizer = tokenizer_from_data(files)
+    remap = {old: new for new, old in enumerate(order)}
+    new_ids = [enc.ids for enc in tokenizer.backend_tokenizer.encode_batch(texts, add_special_tokens=False)]
+    if any([remap[i] for i in old] != new for old, new in zip(old_ids, new_ids)):
+        raise RuntimeError("the trimmed tokenizer reads the given texts differently: report this tokenizer to spacy-unmask")
+    rows_before = backbone.model.get_input_embeddings().num_embeddings
+    trim_embedding(backbone.model, order, remap)
+    backbone.tokenizer = tokenizer
+    backbone.bos_id = None if backbone.bos_id is None else remap[backbone.bos_id]
+    backbone.pad_id = remap.get(backbone.pad_id, tokenizer.pad_token_id or 0)
+    return TrimReport(rows_before=rows_before, rows_after=len(order), pieces_seen=len(seen), texts=len(texts))
+
+
+def pipeline_texts(docs: Iterable) -> List[str]:
+    """Each doc's text, and each of its sentences where it has sentence boundaries: the
+    pipeline reads a doc one way or the other (`windows.plan_batch`)."""
+    from .windows import sentence_texts
+
+    texts = []
+    for doc in docs:
+        texts.append(doc.text)
+        if doc.has_annotation("SENT_START"):
+            texts.extend(text for _, text in sentence_texts(doc))
+    return texts
+
+
+def kept_pieces(data: dict, seen: Set[int], special: Set[str], top: int) -> Set[str]:
+    """The pieces to keep: those seen, the `top` first merges' and the special ones, the
+    fallback, and every piece a kept piece is merged from."""
+    model = data["model"]
+    if model.get("type") != "BPE":
+        raise ValueError(
+            f"vocabulary trimming works on BPE tokenizers (Llama, Mistral, Qwen, Gemma, SmolLM); this "
+            f"tokenizer's model is {model.get('type')!r}"
+        )
+    vocab: Dict[str, int] = model["vocab"]
+    piece_of = {i: p for p, i in vocab.items()}
+    piece_of.update({added["id"]: added["content"] for added in data.get("added_tokens") or []})
+    merges = [split_merge(m) for m in model["merges"]]
+    keep = {piece_of[i] for i in seen} | (special & set(vocab)) | fallback_pieces(data)
+    keep |= {a + b for a, b in merges[:top]}
+    if model.get("unk_token"):
+        keep.add(model["unk_token"])
+    made_from: Dict[str, List[tuple]] = {}
+    for a, b in merges:
+        made_from.setdefault(a + b, []).append((a, b))
+    todo = list(keep)
+    while todo:
+        for parts in made_from.get(todo.pop(), ()):
+            for part in parts:
+                if part not in keep:
+                    keep.add(part)
+                    todo.append(part)
+    return keep
+
+
+def split_merge(merge) -> tuple:
+    """A merge as (left, right): tokenizers writes `["a", "b"]`, older files `"a b"`."""
+    return tuple(merge) if isinstance(merge, list) else tuple(merge.split(" ", 1))
+
+
+def fallback_pieces(data: dict) -> Set[str]:
+    """The pieces that keep every text encodable (see the module's docstring)."""
+    vocab = data["model"]["vocab"]
+    pieces = {p for p in vocab if len(p) == 1}
+    if data["model"].get("byte_fallback"):
+        pieces |= {f"<0x{b:02X}>" for b in range(256)} & set(vocab)
+    return pieces
+
+
+def trimmed_tokenizer(data: dict, keep: Set[str]):
+    """(tokenizer.json data with only the pieces in `keep`, renumbered in their old order;
+    the old id of each new id)."""
+    model = data["model"]
+    added = [a for a in data.get("added_tokens") or [] if a["content"] in keep]
+    old_id = {**model["vocab"], **{a["content"]: a["id"] for a in added}}
+    order = sorted(old_id[p] for p in keep if p in old_id)
+    remap = {old: new for new, old in enumerate(order)}
+    new_model = dict(model)
+    new_model["vocab"] = {p: remap[i] for p, i in model["vocab"].items() if p in keep}
+    new_model["merges"] = [m for m in model["merges"] if _kept_merge(split_merge(m), keep)]
+    new_data = dict(data, model=new_model, added_tokens=[dict(a, id=remap[a["id"]]) for a in added])
+    new_data["post_processor"] = _remapped_processor(data.get("post_processor"), remap)
+    return new_data, order
+
+
+def _kept_merge(parts: tuple, keep: Set[str]) -> bool:
+    return parts[0] in keep and parts[1] in keep and parts[0] + parts[1] in keep
+
+
+def _remapped_processor(block, remap: Dict[int, int]):
+    """A post-processor with the ids of its special pieces renumbered."""
+    if not isinstance(block, dict):
+        return block
+    kind = block.get("type")
+    if kind == "TemplateProcessing":
+        special = {
+            name: dict(token, ids=[remap[i] for i in token["ids"]]) for name, token in block.get("special_tokens", {}).items()
+        }
+        return dict(block, special_tokens=special)
+    if kind == "Sequence":
+        return dict(block, processors=[_remapped_processor(b, remap) for b in block.get("processors", [])])
+    if kind in ("RobertaProcessing", "BertProcessing"):
+        return dict(block, **{key: [block[key][0], remap[block[key][1]]] for key in ("sep", "cls")})
+    return block
+
+
+def trim_embedding(model: nn.Module, order: Sequence[int], remap: Dict[int, int]) -> None:
+    """Keep the input embedding's rows `order` (in place, its class and settings kept) and
+    renumber the special ids of the decoder's config."""
+    embedding = model.get_input_embeddings()
+    if not isinstance(embedding, nn.Embedding):
+        raise ValueError(
+            f"vocabulary trimming needs a plain input embedding; this decoder's is {type(embedding).__name__} "
+            "(trained through LoRA?)"
+        )
+    index = torch.as_tensor(order, dtype=torch.long, device=embedding.weight.device)
+    weight = embedding.weight
+    embedding.weight = nn.Parameter(weight.detach().index_select(0, index).clone(), requires_grad=weight.requires_grad)
+    embedding.num_embeddings = len(order)
+    if embedding.padding_idx is not None:
+        embedding.padding_idx = remap.get(embedding.padding_idx)
+    config = model.config
+    config.vocab_size = len(order)
+    for key in SPECIAL_IDS:
+        value = getattr(config, key, None)
+        if isinstance(value, int):
+            setattr(config, key, remap.get(value))
+        elif isinstance(value, list):
+            setattr(config, key, [remap[v] for v in value if v in remap] or None)
