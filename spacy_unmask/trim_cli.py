@@ -21,6 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--save-embedding", choices=("exact", "int8"), default=None,
         help="store the embedding exact or in 8 bits a row (save_embedding; default: as the pipeline has it)",
     )
+    parser.add_argument("--overwrite", action="store_true", help="save into OUTPUT even where it holds files already")
     parser.add_argument("--pipe-name", default=None, help="the component whose decoder to trim, where there are several")
 
 
@@ -43,8 +44,10 @@ def run(args) -> int:
     from .sharing import load, save
     from .vocabulary import trim_backbone
 
-    if args.output.exists() and any(args.output.iterdir()):
-        raise SystemExit(f"{args.output} is not empty: give a new or empty folder for the trimmed pipeline")
+    if args.output.resolve() == args.pipeline.resolve():
+        raise SystemExit("the trimmed pipeline cannot replace the one it is made from: give another OUTPUT")
+    if args.output.is_dir() and any(args.output.iterdir()) and not args.overwrite:
+        raise SystemExit(f"{args.output} is not empty: give a new or empty folder, or --overwrite")
     nlp = load(args.pipeline, **({"save_embedding": args.save_embedding} if args.save_embedding else {}))
     report = trim_backbone(get_backbone(nlp, args.pipe_name), corpus_docs(nlp, args.corpus), top=args.top)
     save(nlp, args.output)

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import srsly
 
+import spacy_unmask
+
 from scripts import runs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -183,3 +185,7 @@ def test_all_workflow_end_to_end_on_a_tiny_model(tmp_path, tiny_dirs):
     curve = [json.loads(line) for line in (project / "metrics" / "wnut17" / "all-seed0.log.jsonl").read_text().splitlines()]
     assert [row["step"] for row in curve] == [0, 2, 4] and all("ents_f" in row["scores"] for row in curve)
     assert "F1" in result.stdout or "f1" in result.stdout.lower()
+    trim = run("run", "trim", ".")  # a trimmed copy of the trained pipeline, beside it
+    assert trim.returncode == 0, trim.stdout[-3000:] + trim.stderr[-3000:]
+    trimmed = spacy_unmask.load(project / "training" / "wnut17" / "all-seed0" / "model-trimmed")
+    assert spacy_unmask.get_backbone(trimmed).settings.save_embedding == "int8"

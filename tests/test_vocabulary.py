@@ -93,5 +93,9 @@ def test_the_command_line_trims_a_saved_pipeline_to_spacy_and_text_files(trained
     assert rows(loaded) < rows(trained) and get_backbone(loaded).settings.save_embedding == "int8"
     with pytest.raises(SystemExit, match="not empty"):
         main(["trim-vocabulary", str(tmp_path / "full"), str(out), *corpus])
+    assert main(["trim-vocabulary", str(tmp_path / "full"), str(out), *corpus, "--overwrite"]) == 0
+    assert get_backbone(spacy.load(out)).settings.save_embedding == "exact"  # as the pipeline had it
+    with pytest.raises(SystemExit, match="cannot replace"):
+        main(["trim-vocabulary", str(tmp_path / "full"), str(tmp_path / "full"), *corpus, "--overwrite"])
     with pytest.raises(ValueError, match=r"--corpus .*\.spacy or \.txt"):
         main(["trim-vocabulary", str(tmp_path / "full"), str(tmp_path / "other"), "--corpus", str(tmp_path / "x.json")])
