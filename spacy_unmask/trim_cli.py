@@ -1,9 +1,12 @@
-"""`python -m spacy_unmask trim-vocabulary PIPELINE OUTPUT --corpus FILE...`: a copy of a
-saved pipeline whose decoder keeps only the pieces of a corpus (`vocabulary.py`)."""
+"""`python -m spacy_unmask trim-vocabulary PIPELINE OUTPUT --script ascii --corpus FILE...`: a
+copy of a saved pipeline whose decoder keeps only the pieces of a script and a corpus
+(`vocabulary.py`)."""
 import argparse
 import sys
 from pathlib import Path
 from typing import Iterator, List
+
+from .vocabulary import SCRIPTS
 
 CORPUS_SUFFIXES = (".spacy", ".txt")
 
@@ -12,11 +15,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("pipeline", type=Path, help="a saved pipeline with a spacy_unmask decoder")
     parser.add_argument("output", type=Path, help="where the trimmed copy is saved (a new or empty folder)")
     parser.add_argument(
-        "--corpus", type=Path, nargs="+", required=True,
-        help="the texts whose pieces are kept: .spacy files (DocBin, e.g. the training and dev corpus) or "
+        "--script", choices=SCRIPTS, default=None,
+        help="keep every piece written in this script, so that all its text reads as before (ascii: English)",
+    )
+    parser.add_argument(
+        "--corpus", type=Path, nargs="+", default=[],
+        help="keep the pieces of these texts too: .spacy files (DocBin, e.g. the training and dev corpus) or "
         ".txt files (one text per line)",
     )
-    parser.add_argument("--top", type=int, default=0, help="also keep the pieces of the tokenizer's N first merges")
     parser.add_argument(
         "--save-embedding", choices=("exact", "int8"), default=None,
         help="store the embedding exact or in 8 bits a row (save_embedding; default: as the pipeline has it)",
@@ -44,12 +50,14 @@ def run(args) -> int:
     from .sharing import load, save
     from .vocabulary import trim_backbone
 
+    if args.script is None and not args.corpus:
+        raise SystemExit("nothing to keep: give --script, --corpus, or both")
     if args.output.resolve() == args.pipeline.resolve():
         raise SystemExit("the trimmed pipeline cannot replace the one it is made from: give another OUTPUT")
     if args.output.is_dir() and any(args.output.iterdir()) and not args.overwrite:
         raise SystemExit(f"{args.output} is not empty: give a new or empty folder, or --overwrite")
     nlp = load(args.pipeline, **({"save_embedding": args.save_embedding} if args.save_embedding else {}))
-    report = trim_backbone(get_backbone(nlp, args.pipe_name), corpus_docs(nlp, args.corpus), top=args.top)
+    report = trim_backbone(get_backbone(nlp, args.pipe_name), corpus_docs(nlp, args.corpus), script=args.script)
     save(nlp, args.output)
     print(
         f"kept {report.rows_after:,} of {report.rows_before:,} pieces ({report.pieces_seen:,} seen in "

@@ -1,35 +1,42 @@
-"""A decoder's vocabulary trimmed to the pieces a corpus uses, every text still encodable.
+"""A decoder's vocabulary trimmed to a script and the pieces of a corpus, every text still encodable.
 
-A labeller only looks rows of its input embedding up, and a corpus uses a small part
-of a large multilingual vocabulary (CoNLL-2003's training text: 21,130 of Gemma 3's
-262,144 pieces). `trim_backbone` keeps, of a BPE tokenizer:
+A labeller only looks rows of its input embedding up, and a language uses a part of a
+large multilingual vocabulary (of Gemma 3's 262,144 pieces, 150,553 are ASCII).
+`trim_backbone` keeps, of a BPE tokenizer:
 
-- every piece the texts are tokenized into, read the ways the pipeline reads them
-  (whole, and sentence by sentence), and optionally the pieces of the tokenizer's
-  `top` first merges (its most frequent);
+- with `script` ("ascii" or "latin"), every piece written in it: all text in that script
+  is then read exactly as before, whatever it says;
+- every piece the given texts are tokenized into, read the ways the pipeline reads them
+  (whole, and sentence by sentence);
 - the pieces those are merged from, for every merge that makes them, down to single
   characters, so that each kept piece can still be made;
-- the fallback that keeps every text encodable as the tokenizer spells it: every
-  single-character piece (for a byte-level tokenizer, its 256-character alphabet;
-  Gemma 3 has 19,227), and the 256 byte pieces (`<0x00>`...) of a tokenizer with byte
-  fallback, so a word none of whose merges are kept is read as its characters, and a
-  character the tokenizer never had as its bytes, as before;
+- the fallback that keeps every text encodable: the single-character pieces (of the
+  script, where one is given; Gemma 3 has 19,227 in all), the 256-character alphabet of
+  a byte-level tokenizer, and the 256 byte pieces (`<0x00>`...) of one with byte
+  fallback, so a word whose merges are gone is read as smaller pieces, its characters or
+  their bytes;
 - the special pieces (BOS, EOS, padding, unknown).
 
 Merges survive when they make a kept piece from kept pieces, in their order, so the
-texts given are tokenized into exactly the same pieces as before (checked), and any
-other text into kept pieces: a word whose merge is gone comes out as the smaller
-pieces it was built from. The embedding keeps the rows of the kept pieces, renumbered
-in their old order; nothing else of the decoder changes.
+texts given are tokenized into exactly the same pieces as before (checked). The
+embedding keeps the rows of the kept pieces, renumbered in their old order; nothing
+else of the decoder changes. Keeping the pieces of a corpus alone does not serve text
+beyond it: CoNLL-2003's training text keeps 61,142 pieces, and its dev text reads
+differently enough to lose 0.9 F1 (docs/compact-pipelines.md).
 """
 import json
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Sequence, Set
+from typing import Dict, Iterable, List, Optional, Sequence, Set
 
 import torch
 from torch import nn
 
 SPECIAL_IDS = ("pad_token_id", "bos_token_id", "eos_token_id")
+SCRIPTS = ("ascii", "latin")
+# Unicode blocks of the Latin script and of what Latin text uses beside it: Basic Latin
+# to Latin Extended-B, combining diacritics, Latin Extended Additional, general
+# punctuation to currency signs, Latin Extended-C and -D.
+LATIN_BLOCKS = ((0x0000, 0x024F), (0x0300, 0x036F), (0x1E00, 0x1EFF), (0x2000, 0x20CF), (0x2C60, 0x2C7F), (0xA720, 0xA7FF))
 
 
 @dataclass
@@ -40,9 +47,9 @@ class TrimReport:
     texts: int
 
 
-def trim_backbone(backbone, docs: Iterable, *, top: int = 0) -> TrimReport:
-    """Trim `backbone`'s tokenizer and input embedding (in place) to the pieces of `docs`
-    (spaCy Docs), plus the pieces of the tokenizer's `top` first merges."""
+def trim_backbone(backbone, docs: Iterable = (), *, script: Optional[str] = None) -> TrimReport:
+    """Trim `backbone`'s tokenizer and input embedding (in place) to the pieces written in
+    `script` (None, "ascii" or "latin") and the pieces of `docs` (spaCy Docs)."""
     from .saved_tokenizer import TOKENIZER_FILE, tokenizer_data, tokenizer_from_data
 
     if backbone.settings.save_mode != "full":
@@ -50,15 +57,17 @@ def trim_backbone(backbone, docs: Iterable, *, top: int = 0) -> TrimReport:
             "vocabulary trimming needs save_mode = \"full\": with save_mode = \"adapter\" the base model, "
             "with its whole vocabulary, is loaded again from `name`"
         )
-    if top < 0:
-        raise ValueError(f"top must be 0 or a positive number of merges, not {top}")
+    if script not in (None, *SCRIPTS):
+        raise ValueError(f"script must be one of {', '.join(SCRIPTS)} (or None: the pieces of the texts only), not {script!r}")
     backbone.set_merged(False)
     backbone.set_quantized(False)
     data = json.loads(backbone.tokenizer.backend_tokenizer.to_str())
     texts = pipeline_texts(docs)
     old_ids = [enc.ids for enc in backbone.tokenizer.backend_tokenizer.encode_batch(texts, add_special_tokens=False)]
     seen = {i for ids in old_ids for i in ids}
-    keep = kept_pieces(data, seen, {str(t) for t in backbone.tokenizer.all_special_tokens}, top)
+    if not texts and script is None:
+        raise ValueError("nothing to keep: give texts, a script, or both")
+    keep = kept_pieces(data, seen, {str(t) for t in backbone.tokenizer.all_special_tokens}, script)
     new_data, order = trimmed_tokenizer(data, keep)
     files = tokenizer_data(backbone.tokenizer)
     files[TOKENIZER_FILE] = json.dumps(new_data, ensure_ascii=False).encode("utf-8")
@@ -88,8 +97,8 @@ def pipeline_texts(docs: Iterable) -> List[str]:
     return texts
 
 
-def kept_pieces(data: dict, seen: Set[int], special: Set[str], top: int) -> Set[str]:
-    """The pieces to keep: those seen, the `top` first merges' and the special ones, the
+def kept_pieces(data: dict, seen: Set[int], special: Set[str], script: Optional[str] = None) -> Set[str]:
+    """The pieces to keep: those of the script, those seen and the special ones, the
     fallback, and every piece a kept piece is merged from."""
     model = data["model"]
     if model.get("type") != "BPE":
@@ -100,13 +109,15 @@ def kept_pieces(data: dict, seen: Set[int], special: Set[str], top: int) -> Set[
     vocab: Dict[str, int] = model["vocab"]
     piece_of = {i: p for p, i in vocab.items()}
     piece_of.update({added["id"]: added["content"] for added in data.get("added_tokens") or []})
-    merges = [split_merge(m) for m in model["merges"]]
-    keep = {piece_of[i] for i in seen} | (special & set(vocab)) | fallback_pieces(data)
-    keep |= {a + b for a, b in merges[:top]}
+    written = piece_text(data)
+    in_script = (lambda piece: True) if script is None else (lambda piece: is_written_in(written(piece), script))
+    keep = {piece_of[i] for i in seen} | (special & set(vocab)) | fallback_pieces(data, in_script)
+    if script is not None:
+        keep |= {piece for piece in vocab if in_script(piece)}
     if model.get("unk_token"):
         keep.add(model["unk_token"])
     made_from: Dict[str, List[tuple]] = {}
-    for a, b in merges:
+    for a, b in map(split_merge, model["merges"]):
         made_from.setdefault(a + b, []).append((a, b))
     todo = list(keep)
     while todo:
@@ -123,10 +134,47 @@ def split_merge(merge) -> tuple:
     return tuple(merge) if isinstance(merge, list) else tuple(merge.split(" ", 1))
 
 
-def fallback_pieces(data: dict) -> Set[str]:
+def piece_text(data: dict):
+    """A function from a piece to the text it stands for: a byte-level piece's bytes
+    (a character cut between pieces left out), a SentencePiece piece with its spaces."""
+    if _has_byte_level(data.get("pre_tokenizer")):
+        from tokenizers.pre_tokenizers import ByteLevel
+
+        byte_of = {char: index for index, char in enumerate(_byte_level_order(ByteLevel.alphabet()))}
+        return lambda piece: bytes(byte_of[c] for c in piece if c in byte_of).decode("utf-8", errors="ignore")
+    return lambda piece: piece.replace("\u2581", " ")
+
+
+def _byte_level_order(alphabet) -> List[str]:
+    """The byte-level alphabet in byte order (GPT-2's table: printable bytes stand for
+    themselves, the others for 256 + their rank)."""
+    printable = [b for b in range(256) if chr(b) in alphabet]
+    others = [b for b in range(256) if b not in printable]
+    char_of = {b: chr(b) for b in printable}
+    char_of.update({b: chr(256 + n) for n, b in enumerate(others)})
+    return [char_of[b] for b in range(256)]
+
+
+def _has_byte_level(block) -> bool:
+    if not isinstance(block, dict):
+        return False
+    return block.get("type") == "ByteLevel" or any(_has_byte_level(b) for b in block.get("pretokenizers") or [])
+
+
+def is_written_in(text: str, script: str) -> bool:
+    if script == "ascii":
+        return text.isascii()
+    return all(any(low <= ord(c) <= high for low, high in LATIN_BLOCKS) for c in text)
+
+
+def fallback_pieces(data: dict, in_script) -> Set[str]:
     """The pieces that keep every text encodable (see the module's docstring)."""
     vocab = data["model"]["vocab"]
-    pieces = {p for p in vocab if len(p) == 1}
+    pieces = {p for p in vocab if len(p) == 1 and in_script(p)}
+    if _has_byte_level(data.get("pre_tokenizer")):
+        from tokenizers.pre_tokenizers import ByteLevel
+
+        pieces |= set(ByteLevel.alphabet()) & set(vocab)
     if data["model"].get("byte_fallback"):
         pieces |= {f"<0x{b:02X}>" for b in range(256)} & set(vocab)
     return pieces

@@ -2,6 +2,7 @@
 pipeline keeps only the pieces of a corpus, reads that corpus exactly as before, still
 reads any text, and saves smaller."""
 import json
+import re
 
 import numpy as np
 import pytest
@@ -60,7 +61,7 @@ def test_trimming_keeps_what_the_pieces_are_merged_from_and_the_special_pieces(t
     backbone = get_backbone(trained)
     data = json.loads(backbone.tokenizer.backend_tokenizer.to_str())
     ids = backbone.tokenizer("Blackburn", add_special_tokens=False)["input_ids"]
-    keep = kept_pieces(data, set(ids), {"<pad>", "<s>", "</s>"}, 0)
+    keep = kept_pieces(data, set(ids), {"<pad>", "<s>", "</s>"})
     vocab = data["model"]["vocab"]
     assert {"<pad>", "<s>", "</s>"} <= keep
     merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ", 1)) for m in data["model"]["merges"]]
@@ -72,14 +73,44 @@ def test_trimming_keeps_what_the_pieces_are_merged_from_and_the_special_pieces(t
     assert len(keep) < len(vocab)
 
 
+def test_trimmed_to_a_script_every_text_in_it_reads_as_before(trained, tmp_path):
+    trained.to_disk(tmp_path / "full")
+    nlp = spacy.load(tmp_path / "full")
+    old = get_backbone(nlp).tokenizer
+    texts = [TRAIN[3][0], "Zebras quietly jumped over 42 xylophones , said Dr. Quux !", ODD_TEXTS["cjk"]]
+    before = [old(t, add_special_tokens=False)["input_ids"] for t in texts]
+    report = trim_backbone(get_backbone(nlp), script="ascii")  # no corpus at all
+    assert report.rows_after < report.rows_before and report.texts == 0
+    new = get_backbone(nlp).tokenizer
+    pieces = lambda tok, ids: [tok.convert_ids_to_tokens(i) for i in ids]  # noqa: E731
+    for text, ids in zip(texts[:2], before):  # ASCII, never seen: the same pieces
+        assert pieces(new, new(text, add_special_tokens=False)["input_ids"]) == pieces(old, ids)
+    cjk = new(texts[2], add_special_tokens=False)["input_ids"]  # not ASCII: smaller pieces, the same text
+    assert len(cjk) > len(before[2]) and spelled(new.decode(cjk)) == spelled(old.decode(before[2]))
+
+
+def spelled(decoded: str) -> str:
+    """A decoded text with its byte pieces (`<0xE6>`, where the decoder leaves them) as the
+    characters they spell."""
+    runs = re.compile(r"(?:<0x[0-9A-F]{2}>)+")
+    return runs.sub(lambda m: bytes(int(b, 16) for b in re.findall(r"<0x([0-9A-F]{2})>", m.group())).decode("utf-8"), decoded)
+
+
 def test_settings_and_tokenizers_trimming_cannot_serve_are_refused(tiny_dirs):
     nlp = make_pipeline(tiny_dirs("llama", "metaspace"), save_mode="adapter")
     nlp.get_pipe("ner").add_label("PER")
     nlp.initialize()
     with pytest.raises(ValueError, match="save_mode"):
         trim_backbone(get_backbone(nlp), [nlp.make_doc(CORPUS[0])])
+    nlp = make_pipeline(tiny_dirs("llama", "metaspace"))
+    nlp.get_pipe("ner").add_label("PER")
+    nlp.initialize()
+    with pytest.raises(ValueError, match="script must be one of ascii, latin"):
+        trim_backbone(get_backbone(nlp), script="greek")
+    with pytest.raises(ValueError, match="nothing to keep"):
+        trim_backbone(get_backbone(nlp), [])
     with pytest.raises(ValueError, match="BPE tokenizers.*'Unigram'"):
-        kept_pieces({"model": {"type": "Unigram", "vocab": []}}, set(), set(), 0)
+        kept_pieces({"model": {"type": "Unigram", "vocab": []}}, set(), set())
 
 
 def test_the_command_line_trims_a_saved_pipeline_to_spacy_and_text_files(trained, tmp_path):
@@ -97,5 +128,7 @@ def test_the_command_line_trims_a_saved_pipeline_to_spacy_and_text_files(trained
     assert get_backbone(spacy.load(out)).settings.save_embedding == "exact"  # as the pipeline had it
     with pytest.raises(SystemExit, match="cannot replace"):
         main(["trim-vocabulary", str(tmp_path / "full"), str(tmp_path / "full"), *corpus, "--overwrite"])
+    with pytest.raises(SystemExit, match="nothing to keep"):
+        main(["trim-vocabulary", str(tmp_path / "full"), str(tmp_path / "none")])
     with pytest.raises(ValueError, match=r"--corpus .*\.spacy or \.txt"):
         main(["trim-vocabulary", str(tmp_path / "full"), str(tmp_path / "other"), "--corpus", str(tmp_path / "x.json")])
