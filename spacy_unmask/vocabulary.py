@@ -4,9 +4,9 @@ A labeller only looks rows of its input embedding up, and a language uses a part
 large multilingual vocabulary (of Gemma 3's 262,144 pieces, 150,553 are ASCII).
 `trim_backbone` keeps, of a BPE tokenizer:
 
-- with `script` ("ascii" or "latin"), every text piece written in it (not the control
-  pieces the tokenizer adds, such as Gemma's `<unused0>`...): all text in that script is
-  then read exactly as before, whatever it says;
+- with `script` ("ascii" or "latin"), every text piece written in it (not the special
+  pieces the tokenizer adds, such as Gemma's `<unused0>`...; its added runs of newlines or
+  tabs are text): all text in that script is then read exactly as before, whatever it says;
 - every piece the given texts are tokenized into, read the ways the pipeline reads them
   (whole, and sentence by sentence);
 - the pieces those are merged from, for every merge that makes them, down to single
@@ -113,9 +113,9 @@ def kept_pieces(data: dict, seen: Set[int], special: Set[str], script: Optional[
     written = piece_text(data)
     in_script = (lambda piece: True) if script is None else (lambda piece: is_written_in(written(piece), script))
     keep = {piece_of[i] for i in seen} | (special & set(vocab)) | fallback_pieces(data, in_script)
-    if script is not None:  # text pieces only: control pieces (Gemma's 6,242 `<unused…>`) are not text
-        added = {a["content"] for a in data.get("added_tokens") or []}
-        keep |= {piece for piece in vocab if piece not in added and in_script(piece)}
+    if script is not None:  # text pieces only: special pieces (Gemma's 6,242 `<unused…>`) are not text
+        control = {a["content"] for a in data.get("added_tokens") or [] if a.get("special")}
+        keep |= {piece for piece in vocab if piece not in control and in_script(piece)}
     if model.get("unk_token"):
         keep.add(model["unk_token"])
     made_from: Dict[str, List[tuple]] = {}
