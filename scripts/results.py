@@ -38,7 +38,7 @@ DEV_FOLDERS = {"conll03/recipe", "conll03/levers", "conll03/sweep", "conll03/gem
 # Run folders whose training curves read one dev document (`--corpora.dev.limit 1`: the runs
 # are scored once, at their last step), so their best dev F1 means nothing
 ONE_DOC_CURVES = {"conll03/sweep", "conll03/gemma3-sweep", "conll03/levers", "conll03/int8-scheme", "bc5cdr/int8-scheme",
-                  "ncbi_disease/int8-scheme", "conll03/nf4-probe"}
+                  "ncbi_disease/int8-scheme", "conll03/nf4-probe", "conll03_chunk/masks"}
 # scripts moved since a metrics file recorded its command
 MOVED = {"int8_kernels", "length_probe", "merge_check", "quantize_error", "quantize_eval"}
 
