@@ -86,16 +86,17 @@ def trim_backbone(backbone, docs: Iterable = (), *, script: Optional[str] = None
 
 
 def pipeline_texts(docs: Iterable) -> List[str]:
-    """Each doc's text, and each of its sentences where it has sentence boundaries: the
-    pipeline reads a doc one way or the other (`windows.plan_batch`)."""
+    """Each doc's text, and each of its sentences where it has sentence boundaries, once
+    each: the pipeline reads a doc one way or the other (`windows.plan_batch`), and a
+    one-sentence doc is the same text both ways."""
     from .windows import sentence_texts
 
-    texts = []
+    texts = {}
     for doc in docs:
-        texts.append(doc.text)
+        texts[doc.text] = None
         if doc.has_annotation("SENT_START"):
-            texts.extend(text for _, text in sentence_texts(doc))
-    return texts
+            texts.update((text, None) for _, text in sentence_texts(doc))
+    return list(texts)
 
 
 def kept_pieces(data: dict, seen: Set[int], special: Set[str], script: Optional[str] = None) -> Set[str]:
