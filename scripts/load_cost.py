@@ -11,7 +11,9 @@ pipeline's files are dropped from the page cache (posix_fadvise), so it reads th
 disk (cold); the later ones find them in the page cache (warm). `--wheel` also builds
 the pipeline's `spacy package` wheel and records its size. `--pipeline PATH` measures a
 saved pipeline instead (a trained one, or a copy made by `trim-vocabulary`), leaving it
-as it is.
+as it is. `--without bitsandbytes` loads as an install without the `qlora` extra would:
+peft imports bitsandbytes whenever it is installed, and bitsandbytes sets up torch.compile
+as it is imported.
 """
 import argparse
 import json
@@ -23,7 +25,8 @@ from pathlib import Path
 from typing import List, Optional
 
 LOAD = """
-import json, time
+import json, sys, time
+sys.modules.update(dict.fromkeys({without!r}))  # packages the process acts as if it lacked (importing them fails)
 from pathlib import Path
 def status(key):  # VmRSS / VmHWM of this process (VmHWM: its peak; ru_maxrss would carry the parent's over exec)
     return int(next(l for l in Path('/proc/self/status').read_text().splitlines() if l.startswith(key)).split()[1]) / 1024
@@ -103,7 +106,8 @@ def summarise(paths: List[Path]) -> List[str]:
         machine = data["machine"] if isinstance(data.get("machine"), dict) else data
         rows.append(f"| `{rel(path)}` | {data.get('dtype')}, base {data.get('base_quantization')}, embedding "
                     f"{data.get('save_embedding') or 'not recorded'}"
-                    f"{', embedding rows ' + format(data['embedding_rows'], ',') if data.get('embedding_rows') else ''} | "
+                    f"{', embedding rows ' + format(data['embedding_rows'], ',') if data.get('embedding_rows') else ''}"
+                    f"{''.join(', without ' + name for name in data.get('without') or ())} | "
                     f"{fmt(data['pipeline_mib'], 1)} | {fmt(data.get('wheel_mib'), 1)} | "
                     f"{', '.join(fmt(x, 1) for x in cold) or '–'} | {', '.join(fmt(x, 1) for x in warm) or '–'} | "
                     f"{fmt(max((x['peak_rss_mib'] for x in loads), default=None), 0)} | {machine_text(machine)} |")
@@ -144,6 +148,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--base-quantization", default="none", choices=("none", "nf4", "int8"))
     parser.add_argument("--save-embedding", default="exact", choices=("exact", "int8"),
                         help="how the pipeline stores the frozen embedding (save_embedding)")
+    parser.add_argument("--without", action="append", default=[], metavar="PACKAGE",
+                        help="load as if PACKAGE were not installed (e.g. bitsandbytes: without the qlora extra)")
     parser.add_argument("--loads", type=int, default=3, help="loads, each in a fresh process")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/spacy-unmask-load-cost"))
     parser.add_argument("--wheel", action="store_true", help="also build the spacy package wheel")
@@ -163,7 +169,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     for number in range(args.loads):
         if number == 0:
             drop_from_page_cache(path)
-        done = subprocess.run([sys.executable, "-c", LOAD.format(path=str(path))], capture_output=True, text=True,
+        done = subprocess.run([sys.executable, "-c", LOAD.format(path=str(path), without=args.without)], capture_output=True, text=True,
                               env={**os.environ, "OMP_NUM_THREADS": "1"})
         if done.returncode:
             raise SystemExit(done.stderr[-2000:])
@@ -177,6 +183,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "dtype": args.dtype,
         "base_quantization": args.base_quantization,
         "save_embedding": args.save_embedding,
+        "without": args.without,
         "pipeline_mib": round(sum(files.values()) / 2**20, 1),
         "backbone_file_mib": round(sum(v for k, v in files.items() if k == "ner/model" or k.startswith("ner/backbone"))
                                    / 2**20, 1),

@@ -125,6 +125,8 @@ def read_component(pipe, path, read):
         loaded = read()
     except UnsafePipelineError as err:  # already says what is wrong without quoting values
         raise UnsafePipelineError(f"{where}: {err}") from None
+    except ImportError:  # a package this environment lacks, whatever the file holds
+        raise
     except Exception as err:  # msgpack, JSON, thinc: their messages may quote what they read
         raise UnsafePipelineError(
             f"{where} cannot be read ({type(err).__name__} in its 'cfg' or 'model' file): it is truncated, "

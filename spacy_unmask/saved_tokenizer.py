@@ -53,7 +53,19 @@ def tokenizer_from_data(files: Dict[str, bytes]):
     for key in SPECIAL_TOKENS:
         if key in settings and backend.token_to_id(settings[key]) is None:
             raise refused(f"{key!r} in {CONFIG_FILE!r} is not a piece of the tokenizer")
-    return PreTrainedTokenizerFast(tokenizer_object=backend, **settings)
+    return PreTrainedTokenizerFast(tokenizer_object=_Handover(backend), **settings)
+
+
+class _Handover:
+    """The parsed backend, handed over as it is: `PreTrainedTokenizerFast` deep-copies
+    a `tokenizer_object` (a round trip through its whole JSON, as long as parsing it again),
+    and this one is used by nothing else."""
+
+    def __init__(self, backend):
+        self.backend = backend
+
+    def __deepcopy__(self, memo):
+        return self.backend
 
 
 def check_fits(tokenizer, rows: int) -> None:

@@ -92,7 +92,7 @@ def backbone_from_bytes(data: bytes, settings: BackboneSettings, device):
     msg = read_message(data)
     try:
         backbone = rebuild(msg, settings)
-    except UnsafePipelineError:
+    except (UnsafePipelineError, ImportError):  # a package this environment lacks is not the file's fault
         raise
     except Exception as err:  # whatever else a forged message makes torch or transformers raise
         raise UnsafePipelineError(

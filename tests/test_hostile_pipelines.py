@@ -63,11 +63,13 @@ def set_tok2vec(pipeline: Path, **values) -> None:
 
 
 def refused(audit, load, *allowed, words=()):
-    """`load()` raises UnsafePipelineError within 5 s, touching nothing outside `allowed`."""
+    """`load()` raises UnsafePipelineError, touching nothing outside `allowed`, and does not
+    hang on what the file declares (a guard against building it, not a speed check: a
+    refusal takes seconds, building a forged 50,000-layer decoder would take hours)."""
     start = time.monotonic()
     with audit, pytest.raises(UnsafePipelineError) as info:
         load()
-    assert time.monotonic() - start < 5, "refused, but too slowly"
+    assert time.monotonic() - start < 300, "refused only after building what the file declares"
     assert audit.outside(*allowed) == []
     for word in words:
         assert word in str(info.value), str(info.value)

@@ -34,3 +34,16 @@ def test_measures_a_saved_pipeline_as_it_is(tiny_dirs, tmp_path):
     assert result["embedding_rows"] == 320 and result["dtype"] == "float32"
     assert {p: p.read_bytes() for p in (tmp_path / "pipeline").rglob("*") if p.is_file()} == before
     assert "embedding rows 320" in "\n".join(load_cost.summarise([output]))
+
+
+def test_loads_as_an_install_without_a_package_would(tiny_dirs, tmp_path):
+    import pytest
+
+    args = ["--model", tiny_dirs("llama"), "--dtype", "float32", "--loads", "1", "--workdir", str(tmp_path / "work")]
+    output = tmp_path / "metrics" / "without-bnb.json"
+    assert load_cost.main(args + ["--without", "bitsandbytes", "--output", str(output)]) == 0
+    assert json.loads(output.read_text())["without"] == ["bitsandbytes"]
+    assert "without bitsandbytes" in "\n".join(load_cost.summarise([output]))
+    with pytest.raises(SystemExit, match="peft") as info:  # the loader needs peft: the load fails, saying so
+        load_cost.main(args + ["--without", "peft", "--output", str(tmp_path / "without-peft.json")])
+    assert "Error: import of peft halted" in str(info.value) and "hostile" not in str(info.value)
