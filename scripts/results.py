@@ -155,8 +155,9 @@ def groups_of(folder: Path) -> Dict[str, Group]:
 
 def folder_split(folder: Path) -> str:
     summary = read_json(folder / "summary.json") or {}
-    if isinstance(summary.get("split"), str):
-        return summary["split"]
+    split = summary.get("split")
+    if isinstance(split, str):
+        return {"test": SPLITS_TEST, "dev": SPLITS_DEV}.get(split, split)
     return SPLITS_DEV if rel(folder).removeprefix("metrics/") in DEV_FOLDERS else SPLITS_TEST
 
 
