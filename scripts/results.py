@@ -198,23 +198,30 @@ def summarise_bench(paths: List[Path]) -> List[str]:
         data = read_json(path)
         if not isinstance(data, dict) or "pipeline_words_per_s" not in data:
             continue
-        rows.append(f"| `{path.name}` | {data.get('model', '–')} | {data.get('dtype', '–')} | {data.get('quantize', '–')} | "
+        rows.append(f"| `{path.name}` | {data.get('model', '–')} | {data.get('dtype', '–')} | "
+                    f"{data.get('base_quantization', 'none')} | {data.get('quantize', '–')} | "
                     f"{fmt(data['pipeline_words_per_s'], 1)} | {fmt(data.get('raw_sorted_words_per_s'), 1)} | "
                     f"{fmt(data.get('pipeline_over_raw_sorted'), 3)} | {fmt(data.get('train_words_per_s_all'), 1)} | "
-                    f"{fmt(data.get('peak_rss_mb_inference'), 0)} | {machine_text(data)} |")
+                    f"{fmt(data.get('peak_rss_mb_inference'), 0)} | {fmt(data.get('peak_rss_mb_training'), 0)} | "
+                    f"{machine_text(data)} |")
     if rows:
         lines = ["`python -m spacy_unmask bench --pipeline PIPELINE --data corpus/<corpus>/test.spacy --output FILE` "
                  "(project.yml: `speed`): `nlp.pipe` words/s of the saved pipeline, its raw decoder's forward pass on "
-                 "the same pieces sorted by length, training words/s (unmasked), peak memory (RSS, MB). The pipeline "
-                 "each file timed is in its `pipeline` field; timings compare only within a machine.", "",
-                 "| file | model | dtype | quantize | words/s | raw words/s | pipeline / raw | training words/s | "
-                 "peak MB | machine |", "|---|---|---|---|---:|---:|---:|---:|---:|---|"] + rows + [""]
-    pairs = [(p, p.with_name(p.name.replace("-int8", "-none"))) for p in paths if p.name.endswith("-int8.json")]
-    for int8, none in pairs:
-        a, b = read_json(int8), read_json(none)
-        if a and b:
-            lines += [f"`{int8.name}` against `{none.name}`: {fmt(a['pipeline_words_per_s'] / b['pipeline_words_per_s'])}x "
-                      f"the words/s.", ""]
+                 "the same pieces sorted by length, training words/s (unmasked), peak memory (RSS, MB) after prediction "
+                 "and after training. The pipeline each file timed is in its `pipeline` field; timings compare only "
+                 "within a machine.", "",
+                 "| file | model | dtype | base | quantize | words/s | raw words/s | pipeline / raw | training words/s | "
+                 "peak MB, prediction | peak MB, training | machine |",
+                 "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---|"] + rows + [""]
+    for changed, marker in (("-int8", "-none"), ("-base-nf4", "-base-none")):
+        for path in paths:
+            other = path.with_name(path.name.replace(changed, marker))
+            a, b = read_json(path), read_json(other) if changed in path.name else None
+            if a and b:
+                lines += [f"`{path.name}` against `{other.name}`: " + ", ".join(
+                    f"{what} {fmt(a[key] / b[key])}x" for what, key in (
+                        ("words/s", "pipeline_words_per_s"), ("training words/s", "train_words_per_s_all"),
+                        ("peak memory in training", "peak_rss_mb_training")) if a.get(key) and b.get(key)) + ".", ""]
     return lines
 
 

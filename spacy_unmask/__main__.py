@@ -2,6 +2,7 @@
 `python -m spacy_unmask annotate PIPELINE INPUT OUTPUT` and
 `python -m spacy_unmask trim-vocabulary PIPELINE OUTPUT --corpus FILE...`."""
 import argparse
+import shlex
 import sys
 
 
@@ -33,6 +34,7 @@ def main(argv=None) -> int:
 
     add_trim_arguments(trim)
     args = parser.parse_args(argv)
+    args.command_line = "python -m spacy_unmask " + shlex.join(sys.argv[1:] if argv is None else argv)
     if args.command == "trim-vocabulary":
         from .trim_cli import run as run_trim
 

@@ -124,10 +124,12 @@ def run(args) -> int:
         p.numel() for n, p in backbone.model.named_parameters() if "lora_" not in n and "embed_tokens" not in n
     )
     results = {
+        "command": args.command_line,
         "model": settings.name,
         "pipeline": str(args.pipeline) if args.pipeline else None,
         "dtype": str(compute_dtype or torch.float32).replace("torch.", ""),
         "quantize": settings.quantize,
+        "base_quantization": settings.base_quantization,
         "predicts_in_int8": backbone.predicts_in_int8,
         "unmask": unmask,
         "lookahead": settings.lookahead,

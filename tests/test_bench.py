@@ -47,6 +47,7 @@ def test_bench_times_a_saved_pipeline(tmp_path, tiny_dirs):
                  "--batch-size", "2", "--train-steps", "1", "--train-batch", "2", "--output", str(out)]) == 0
     figures = json.loads(out.read_text())
     assert figures["pipeline"] == pipeline and figures["unmask"] == "2-3"
+    assert figures["command"].startswith("python -m spacy_unmask bench --pipeline") and figures["base_quantization"] == "none"
     assert figures["dtype"] == "bfloat16"  # the saved pipeline's own, for the raw pass too
     assert figures["train_words_per_s_2-3"] > 0 and figures["train_words_per_s_none"] > 0
 
