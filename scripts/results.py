@@ -133,6 +133,11 @@ class Group:
         values = [run["train"]["wall_s"] / 60 for run in self.runs.values() if run["train"]]
         return statistics.mean(values) if values else None
 
+    def peak_gib(self) -> Optional[float]:
+        values = [run["train"]["peak_rss_mib"] / 1024 for run in self.runs.values()
+                  if run["train"] and run["train"].get("peak_rss_mib")]
+        return statistics.mean(values) if values else None
+
     def first_train(self) -> Optional[dict]:
         return next((run["train"] for _, run in sorted(self.runs.items()) if run["train"]), None)
 
@@ -173,8 +178,8 @@ def summarise_runs(paths: List[Path]) -> List[str]:
             continue
         on_dev = rel(folder).removeprefix("metrics/") in ONE_DOC_CURVES  # a token dev set: not shown
         lines += [f"### `{rel(folder)}/`", "", f"Split: {folder_split(folder)}.", "",
-                  "| run | seeds | F1 sentences | F1 documents | best dev F1 | training, min | machine |",
-                  "|---|---|---:|---:|---:|---:|---|"]
+                  "| run | seeds | F1 sentences | F1 documents | best dev F1 | training, min | peak GiB | machine |",
+                  "|---|---|---:|---:|---:|---:|---:|---|"]
         commands = []
         for name in sorted(groups, key=lambda n: (n in ("cnn", "minilm"), n)):
             group = groups[name]
@@ -184,7 +189,7 @@ def summarise_runs(paths: List[Path]) -> List[str]:
             per_seed = f" ({', '.join(fmt(f[s]) for s in sorted(f))})" if len(f) > 1 else ""
             lines.append(f"| {name} | {', '.join(map(str, seeds)) or '–'} | {mean_sd(list(f.values()))}{per_seed} | "
                          f"{mean_sd(list(doc.values()))} | {mean_sd(list(dev.values()))} | {fmt(group.minutes(), 1)} | "
-                         f"{machine_text(train.get('machine'))} |")
+                         f"{fmt(group.peak_gib(), 2)} | {machine_text(train.get('machine'))} |")
             if train.get("command"):
                 commands.append(f"- {name}: `{command_text(train['command'])}`")
         lines += [""] + (["Commands (the first seed's; the others differ in `--system.seed` and the paths):", ""]
