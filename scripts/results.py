@@ -230,6 +230,24 @@ def summarise_bench(paths: List[Path]) -> List[str]:
     return lines
 
 
+def summarise_weights(paths: List[Path]) -> List[str]:
+    """`python -m scripts.gpu_check shapes`: a decoder's weight memory with each base."""
+    lines = []
+    for path in paths:
+        data = read_json(path)
+        if not isinstance(data, dict) or not isinstance(data.get("decoders"), dict):
+            continue
+        lines += [f"`{rel(path)}` (`{command_text(data['command'])}`): the decoder's weights with each base, computed "
+                  "from its shapes and bitsandbytes' layer sizes (GiB; the embedding and norms stay in bfloat16).", "",
+                  "| decoder | parameters | bfloat16 | int8 base | NF4 base | of which embedding and norms |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        for name, sizes in data["decoders"].items():
+            lines.append(f"| {name} | {sizes['params']:,} | {fmt(sizes['bfloat16_gib'])} | {fmt(sizes['int8_gib'])} | "
+                         f"{fmt(sizes['nf4_gib'])} | {fmt(sizes['embedding_and_norms_gib'])} |")
+        lines.append("")
+    return lines
+
+
 def summarise_quantize(paths: List[Path]) -> List[str]:
     lines = []
     for path in paths:
@@ -334,6 +352,7 @@ class Family:
 FAMILIES = [
     Family("Trained pipelines", "**/*.train.json", summarise_runs),
     Family("Speed and memory", "bench/*.json", summarise_bench),
+    Family("Weights of 7B decoders by base", "bench/nf4-7b-weights.json", summarise_weights),
     Family("Memory over a long stream", "bench/pipe-memory*.json", summarise_pipe_memory),
     Family("Pipeline size and load cost", "bench/load-cost/*.json", summarise_load_cost),
     Family("Compact formats on trained pipelines", "bench/load-cost/compact-f1-*.json", summarise_compact_f1),
