@@ -467,6 +467,9 @@ LEVERS = [
           "converged-all", "dev_best", "one seed"),
     Lever("2,000 steps instead of 1,000", "conll03", "gemma3-mlp-layers12-2000steps-all", "conll03",
           "gemma3-mlp-layers12-all", "dev_best", "not kept: twice the time"),
+    Lever("an NF4 base (`base_quantization = \"nf4\"`), 1,000 steps", "conll03", "nf4-all", "conll03",
+          "gemma3-mlp-layers12-all", "dev_best", "not the default: below the bfloat16 base; for decoders whose "
+          "weights do not fit otherwise"),
 ]
 SCORE_NAMES = {"f": "F1 of the run file", "doc": "documents F1", "dev_best": "best dev F1 of the training curve"}
 
