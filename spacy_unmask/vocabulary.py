@@ -69,11 +69,10 @@ def trim_backbone(backbone, docs: Iterable = (), *, script: Optional[str] = None
     if not texts and script is None:
         raise ValueError("nothing to keep: give texts, a script, or both")
     keep = kept_pieces(data, seen, {str(t) for t in backbone.tokenizer.all_special_tokens}, script)
-    new_data, order = trimmed_tokenizer(data, keep)
+    new_data, order, remap = trimmed_tokenizer(data, keep)
     files = tokenizer_data(backbone.tokenizer)
     files[TOKENIZER_FILE] = json.dumps(new_data, ensure_ascii=False).encode("utf-8")
     tokenizer = tokenizer_from_data(files)
-    remap = {old: new for new, old in enumerate(order)}
     new_ids = [enc.ids for enc in tokenizer.backend_tokenizer.encode_batch(texts, add_special_tokens=False)]
     if any([remap[i] for i in old] != new for old, new in zip(old_ids, new_ids)):
         raise RuntimeError("the trimmed tokenizer reads the given texts differently: report this tokenizer to spacy-unmask")
@@ -185,7 +184,7 @@ def fallback_pieces(data: dict, in_script) -> Set[str]:
 
 def trimmed_tokenizer(data: dict, keep: Set[str]):
     """(tokenizer.json data with only the pieces in `keep`, renumbered in their old order;
-    the old id of each new id)."""
+    the old id of each new id; the new id of each kept old id)."""
     model = data["model"]
     added = [a for a in data.get("added_tokens") or [] if a["content"] in keep]
     old_id = {**model["vocab"], **{a["content"]: a["id"] for a in added}}
@@ -196,7 +195,7 @@ def trimmed_tokenizer(data: dict, keep: Set[str]):
     new_model["merges"] = [m for m in model["merges"] if _kept_merge(split_merge(m), keep)]
     new_data = dict(data, model=new_model, added_tokens=[dict(a, id=remap[a["id"]]) for a in added])
     new_data["post_processor"] = _remapped_processor(data.get("post_processor"), remap)
-    return new_data, order
+    return new_data, order, remap
 
 
 def _kept_merge(parts: tuple, keep: Set[str]) -> bool:
