@@ -198,12 +198,11 @@ def summarise_runs(paths: List[Path]) -> List[str]:
 
 
 def summarise_bench(paths: List[Path]) -> List[str]:
+    timed = {path.name: data for path in paths
+             if isinstance(data := read_json(path), dict) and "pipeline_words_per_s" in data}
     rows, lines = [], []
-    for path in paths:
-        data = read_json(path)
-        if not isinstance(data, dict) or "pipeline_words_per_s" not in data:
-            continue
-        rows.append(f"| `{path.name}` | {data.get('model', '–')} | {data.get('dtype', '–')} | "
+    for name, data in timed.items():
+        rows.append(f"| `{name}` | {data.get('model', '–')} | {data.get('dtype', '–')} | "
                     f"{data.get('base_quantization', 'none')} | {data.get('quantize', '–')} | "
                     f"{fmt(data['pipeline_words_per_s'], 1)} | {fmt(data.get('raw_sorted_words_per_s'), 1)} | "
                     f"{fmt(data.get('pipeline_over_raw_sorted'), 3)} | {fmt(data.get('train_words_per_s_all'), 1)} | "
@@ -219,11 +218,11 @@ def summarise_bench(paths: List[Path]) -> List[str]:
                  "peak MB, prediction | peak MB, training | machine |",
                  "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---|"] + rows + [""]
     for changed, marker in (("-int8", "-none"), ("-base-nf4", "-base-none")):
-        for path in paths:
-            other = path.with_name(path.name.replace(changed, marker))
-            a, b = read_json(path), read_json(other) if changed in path.name else None
-            if a and b:
-                lines += [f"`{path.name}` against `{other.name}`: " + ", ".join(
+        for name, a in timed.items():
+            other = name.replace(changed, marker)
+            b = timed.get(other) if changed in name else None
+            if b:
+                lines += [f"`{name}` against `{other}`: " + ", ".join(
                     f"{what} {fmt(a[key] / b[key])}x" for what, key in (
                         ("words/s", "pipeline_words_per_s"), ("training words/s", "train_words_per_s_all"),
                         ("peak memory in training", "peak_rss_mb_training")) if a.get(key) and b.get(key)) + ".", ""]
