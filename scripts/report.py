@@ -27,7 +27,7 @@ import re
 import statistics
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 SIDECARS = (".train.json", ".seqeval.json", ".doc.json", ".calibration.json")
 SEED = re.compile(r"^(?P<name>.+)-seed(?P<seed>\d+)$")
@@ -232,15 +232,32 @@ def speed(value) -> str:
     return "–" if value is None else f"{float(value):,.0f}"
 
 
+SPAN_MATCH = "exact match of label and boundaries, in %"
+
+
+def task_words(runs: Dict[str, dict]) -> Tuple[str, str, str, str]:
+    """What a folder's runs label, in the summary's words: the task, its headline score and
+    how it is counted, and what the per-label scores are of; from the runs' score keys."""
+    prefixes = {main_prefix(run["metrics"]) for run in runs.values()}
+    if prefixes == {None}:
+        return "part-of-speech results", "Token accuracy of the tags", "in the F1 column, in %", "tag"
+    spans = sorted(prefix[len("spans_"):] for prefix in prefixes if prefix and prefix.startswith("spans_"))
+    if spans and "ents" not in prefixes:
+        return ("results of " + ", ".join(f'doc.spans["{key}"]' for key in spans),
+                "Span-level scores", SPAN_MATCH, "label")
+    return "NER results", "Span-level scores", SPAN_MATCH, "entity type"
+
+
 def summarize(folder: Path, runs: Optional[Dict[str, dict]] = None, split: str = "test") -> str:
     """The Markdown summary of a corpus folder's runs (`runs`: load_runs(folder), read here
     if not given), scored on `split`."""
     runs = load_runs(folder) if runs is None else runs
     corpus = folder.name
+    task, headline, counted, label = task_words(runs)
     lines = [
-        f"# {corpus}: NER results",
+        f"# {corpus}: {task}",
         "",
-        f"Span-level scores on {split} from `spacy evaluate` (exact match of label and boundaries, in %).",
+        f"{headline} on {split} from `spacy evaluate` ({counted}).",
         "seqeval F1: strict IOB2 span F1 recomputed by scripts/seqeval_check.py, where run.",
         "Training time and peak memory (CPU RSS of the training process) come from scripts/timed.py.",
         "",
@@ -264,7 +281,7 @@ def summarize(folder: Path, runs: Optional[Dict[str, dict]] = None, split: str =
         lines.append("| (no runs yet) | | | | | | | | |")
     if labels:
         labels = sorted(labels)
-        lines += ["", "F1 per entity type:", "", "| run | " + " | ".join(labels) + " |",
+        lines += ["", f"F1 per {label}:", "", "| run | " + " | ".join(labels) + " |",
                   "|---|" + "---:|" * len(labels)]
         for name in order(runs):
             found = per_type(runs[name]["metrics"])

@@ -92,3 +92,20 @@ def test_the_headline_score_is_ner_then_a_span_group_then_tagging():
     assert report.main_score({"ents_f": 0.5, **chunks}) == 0.5
     assert report.main_score({"tag_acc": 0.97}) == 0.97 and report.main_score({"tag_acc": 0.97}, "p") is None
     assert report.main_score({"speed": 100}) is None
+
+
+def test_the_summary_names_the_task_its_runs_label(tmp_path):
+    def summary(name, metrics):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "all-seed0.json").write_text(json.dumps(metrics))
+        return report.summarize(folder)
+
+    chunks = summary("chunk", {"spans_chunks_f": 0.9, "spans_chunks_per_type": {"NP": {"f": 0.95}}})
+    assert chunks.startswith('# chunk: results of doc.spans["chunks"]') and "F1 per label:" in chunks
+    assert "| all-seed0 | 90.00 |" in chunks
+    tags = summary("pos", {"tag_acc": 0.97})
+    assert tags.startswith("# pos: part-of-speech results") and "Token accuracy" in tags
+    assert "| all-seed0 | 97.00 |" in tags
+    ner = summary("ner", {"ents_f": 0.5, "spans_chunks_f": 0.9, "ents_per_type": {"PER": {"f": 0.5}}})
+    assert ner.startswith("# ner: NER results") and "F1 per entity type:" in ner
