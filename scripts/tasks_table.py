@@ -27,7 +27,7 @@ TASKS = [
     # CoNLL-2003's POS column was tagged automatically and has no published benchmark; the
     # best published accuracy on hand-tagged WSJ text is the nearest figure
     Task("CoNLL-2003 POS (accuracy)", "conll03_pos", "pos-all", "pos-none",
-         [("Meta-BiLSTM on the Penn Treebank's WSJ, another corpus", 97.96)]),
+         [("Meta-BiLSTM (Penn Treebank WSJ, another corpus)", 97.96)]),
 ]
 # one shared pass: each task's score key, and where the same task's own pipeline is
 SHARED = ("conll03_multitask", "multitask-all")
