@@ -81,14 +81,22 @@ def load_runs(folder: Path) -> Dict[str, dict]:
         if not isinstance(metrics, dict) or main_score(metrics) is None and "ents_f" not in metrics:
             continue
         name = path.name[: -len(".json")]
+        train = read_json(folder / f"{name}.train.json")
         runs[name] = {
             "metrics": metrics,
-            "train": read_json(folder / f"{name}.train.json"),
+            "train": train,
             "seqeval": read_json(folder / f"{name}.seqeval.json"),
             "doc": read_json(folder / f"{name}.doc.json"),
-            "curve": read_curve(folder / f"{name}.log.jsonl"),
+            # a curve read on a cut dev set (the sweeps' one document) says nothing of dev
+            "curve": [] if cut_dev(train) else read_curve(folder / f"{name}.log.jsonl"),
         }
     return runs
+
+
+def cut_dev(train: Optional[dict]) -> bool:
+    """Whether the training (its recorded command) evaluated on part of the dev corpus."""
+    command = (train or {}).get("command") or []
+    return any(str(part).startswith("--corpora.dev.limit") for part in command)
 
 
 def read_curve(path: Path) -> List[tuple]:

@@ -109,3 +109,13 @@ def test_the_summary_names_the_task_its_runs_label(tmp_path):
     assert "| all-seed0 | 97.00 |" in tags
     ner = summary("ner", {"ents_f": 0.5, "spans_chunks_f": 0.9, "ents_per_type": {"PER": {"f": 0.5}}})
     assert ner.startswith("# ner: NER results") and "F1 per entity type:" in ner
+
+
+def test_a_curve_read_on_a_cut_dev_set_gives_no_best_dev_score(tmp_path):
+    for name, command in (("whole-seed1", ["spacy", "train"]),
+                          ("cut-seed1", ["spacy", "train", "--corpora.dev.limit", "1"])):
+        write_metrics(tmp_path / f"{name}.json", 0.8, 0.8, 0.8, {})
+        (tmp_path / f"{name}.train.json").write_text(json.dumps({"wall_s": 60.0, "command": command}))
+        (tmp_path / f"{name}.log.jsonl").write_text(json.dumps({"step": 10, "scores": {"ents_f": 90.0}}))
+    seeds = report.seed_summary(report.load_runs(tmp_path))
+    assert seeds["whole"]["dev_best_f"] == 90.0 and seeds["cut"]["dev_best_f"] is None
