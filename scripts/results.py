@@ -35,10 +35,6 @@ SPLITS_DEV = "dev: sentences (`<run>.json`), documents (`<run>.doc.json`), score
 # every other run folder holds runs chosen on dev and scored on test. A summary.json with
 # a "split" key overrides this.
 DEV_FOLDERS = {"conll03/recipe", "conll03/levers", "conll03/sweep", "conll03/gemma3-sweep", "conll03/mask-1000"}
-# Runs whose training curves read one dev document are recognised by their command
-# (scripts/report.py: cut_dev); in this folder seeds 1 and 2 read the dev documents and seed
-# 3 one document, so a mean over the seeds would mix the two
-MIXED_CURVES = {"conll03/gemma3-sweep"}
 # scripts moved since a metrics file recorded its command
 MOVED = {"int8_kernels", "length_probe", "merge_check", "quantize_error", "quantize_eval"}
 
@@ -176,7 +172,6 @@ def summarise_runs(paths: List[Path]) -> List[str]:
         groups = groups_of(folder)
         if not groups:
             continue
-        mixed = rel(folder).removeprefix("metrics/") in MIXED_CURVES
         lines += [f"### `{rel(folder)}/`", "", f"Split: {folder_split(folder)}.", "",
                   "| run | seeds | F1 sentences | F1 documents | best dev F1 | training, min | peak GiB | machine |",
                   "|---|---|---:|---:|---:|---:|---:|---|"]
@@ -184,7 +179,9 @@ def summarise_runs(paths: List[Path]) -> List[str]:
         for name in sorted(groups, key=lambda n: (n in ("cnn", "minilm"), n)):
             group = groups[name]
             seeds = sorted(s for s in group.runs if s >= 0)
-            f, doc, dev = group.scores("f"), group.scores("doc"), ({} if mixed else group.scores("dev_best"))
+            f, doc, dev = group.scores("f"), group.scores("doc"), group.scores("dev_best")
+            if set(dev) != set(f):  # as in scripts/report.py: a best dev F1 only where every seed has a curve
+                dev = {}  # (a run whose training read a cut dev set has none: report.cut_dev)
             train = group.first_train() or {}
             per_seed = f" ({', '.join(fmt(f[s]) for s in sorted(f))})" if len(f) > 1 else ""
             lines.append(f"| {name} | {', '.join(map(str, seeds)) or '–'} | {mean_sd(list(f.values()))}{per_seed} | "
