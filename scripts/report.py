@@ -266,7 +266,10 @@ def summarize(folder: Path, runs: Optional[Dict[str, dict]] = None, split: str =
         f"# {corpus}: {task}",
         "",
         f"{headline} on {split} from `spacy evaluate` ({counted}).",
-        "seqeval F1: strict IOB2 span F1 recomputed by scripts/seqeval_check.py, where run.",
+    ]
+    if any(run["seqeval"] for run in runs.values()):
+        lines.append("seqeval F1: strict IOB2 span F1 recomputed by scripts/seqeval_check.py, where run.")
+    lines += [
         "Training time and peak memory (CPU RSS of the training process) come from scripts/timed.py.",
         "",
         f"Documents F1: the same pipeline on whole documents ({split}.doc.spacy: the corpus's documents,",

@@ -109,6 +109,10 @@ def test_the_summary_names_the_task_its_runs_label(tmp_path):
     assert "| all-seed0 | 97.00 |" in tags
     ner = summary("ner", {"ents_f": 0.5, "spans_chunks_f": 0.9, "ents_per_type": {"PER": {"f": 0.5}}})
     assert ner.startswith("# ner: NER results") and "F1 per entity type:" in ner
+    # the seqeval note only where a run was checked with seqeval
+    assert "seqeval F1:" not in tags and "seqeval F1:" not in ner
+    (tmp_path / "ner" / "all-seed0.seqeval.json").write_text(json.dumps({"seqeval_f1": 0.5}))
+    assert "seqeval F1: strict IOB2" in report.summarize(tmp_path / "ner")
 
 
 def test_a_curve_read_on_a_cut_dev_set_gives_no_best_dev_score(tmp_path):
