@@ -123,6 +123,10 @@ class Group:
                 raise ValueError(key)
             if value is not None:
                 out[seed] = 100 * float(value)
+        if key == "dev_best" and len(out) != len(self.runs):
+            # as in scripts/report.py: a best dev F1 only where every seed has a curve (a run
+            # whose training read a cut dev set has none: report.cut_dev), never a mean of some
+            return {}
         return out
 
     def minutes(self) -> Optional[float]:
@@ -180,8 +184,6 @@ def summarise_runs(paths: List[Path]) -> List[str]:
             group = groups[name]
             seeds = sorted(s for s in group.runs if s >= 0)
             f, doc, dev = group.scores("f"), group.scores("doc"), group.scores("dev_best")
-            if set(dev) != set(f):  # as in scripts/report.py: a best dev F1 only where every seed has a curve
-                dev = {}  # (a run whose training read a cut dev set has none: report.cut_dev)
             train = group.first_train() or {}
             per_seed = f" ({', '.join(fmt(f[s]) for s in sorted(f))})" if len(f) > 1 else ""
             lines.append(f"| {name} | {', '.join(map(str, seeds)) or '–'} | {mean_sd(list(f.values()))}{per_seed} | "
