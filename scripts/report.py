@@ -26,6 +26,7 @@ import json
 import re
 import statistics
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -115,20 +116,68 @@ def read_curve(path: Path) -> List[tuple]:
     return curve
 
 
+@dataclass
+class SeedGroup:
+    """The runs `<name>-seed<N>` of one folder, by seed (a run named without a seed: seed -1)."""
+    name: str
+    runs: Dict[int, dict]
+
+    def scores(self, key: str = "f") -> Dict[int, float]:
+        """seed -> score in %: the headline test (or dev) score ("f"), the whole-document one
+        ("doc"), or the best dev score of the training curve ("dev_best"). A best dev score
+        only where every seed has a curve (a run whose training read a cut dev set has none:
+        cut_dev), never a mean of some."""
+        out = {}
+        for seed, run in self.runs.items():
+            if key == "f":
+                value = main_score(run["metrics"])
+            elif key == "doc":
+                value = main_score(run["doc"]) if run["doc"] else None
+            elif key == "dev_best":
+                value = max(f for _, f in run["curve"]) / 100 if run["curve"] else None
+            else:
+                raise ValueError(key)
+            if value is not None:
+                out[seed] = 100 * float(value)
+        return {} if key == "dev_best" and len(out) != len(self.runs) else out
+
+    def minutes(self) -> Optional[float]:
+        values = [run["train"]["wall_s"] / 60 for run in self.runs.values() if run["train"]]
+        return statistics.mean(values) if values else None
+
+    def peak_gib(self) -> Optional[float]:
+        values = [run["train"]["peak_rss_mib"] / 1024 for run in self.runs.values()
+                  if run["train"] and run["train"].get("peak_rss_mib")]
+        return statistics.mean(values) if values else None
+
+    def first_train(self) -> Optional[dict]:
+        return next((run["train"] for _, run in sorted(self.runs.items()) if run["train"]), None)
+
+
+def seed_groups(runs: Dict[str, dict]) -> Dict[str, SeedGroup]:
+    """Runs gathered over seeds; a run named without a seed is a group of its own (named
+    `<name> (no seed)` where seeded runs of the same name exist)."""
+    seeded = {m["name"] for m in map(SEED.match, runs) if m}
+    groups: Dict[str, SeedGroup] = {}
+    for name, run in runs.items():
+        match = SEED.match(name)
+        if match:
+            key, seed = match["name"], int(match["seed"])
+        else:
+            key, seed = (f"{name} (no seed)" if name in seeded else name), -1
+        groups.setdefault(key, SeedGroup(key, {})).runs[seed] = run
+    return groups
+
+
 def seed_summary(runs: Dict[str, dict]) -> Dict[str, dict]:
     """Runs `<name>-seed<N>` gathered per name: mean and spread of test F1 over seeds."""
-    groups: Dict[str, Dict[int, dict]] = {}
-    for run_name, run in runs.items():
-        match = SEED.match(run_name)
-        if match:
-            groups.setdefault(match["name"], {})[int(match["seed"])] = run
+    groups = {name: group for name, group in seed_groups(runs).items() if -1 not in group.runs}
     summary = {}
     for name in order(groups):
-        seeds = sorted(groups[name])
-        f = [100 * float(main_score(groups[name][k]["metrics"]) or 0.0) for k in seeds]
-        doc = [100 * float(main_score(groups[name][k]["doc"]) or 0.0) for k in seeds if groups[name][k]["doc"]]
-        minutes = [float(groups[name][k]["train"]["wall_s"]) / 60 for k in seeds if groups[name][k]["train"]]
-        best_dev = [max(f for _, f in groups[name][k]["curve"]) for k in seeds if groups[name][k]["curve"]]
+        group = groups[name]
+        seeds = sorted(group.runs)
+        f, doc, best_dev = (list(group.scores(key).values()) for key in ("f", "doc", "dev_best"))
+        minutes = group.minutes()
         summary[name] = {
             "mean_f": round(statistics.mean(f), 2),
             "std_f": spread(f),
@@ -136,8 +185,8 @@ def seed_summary(runs: Dict[str, dict]) -> Dict[str, dict]:
             "f": [round(x, 2) for x in f],
             "doc_mean_f": round(statistics.mean(doc), 2) if len(doc) == len(f) else None,
             "doc_std_f": spread(doc) if len(doc) == len(f) else None,
-            "train_minutes": round(statistics.mean(minutes), 1) if minutes else None,
-            "dev_best_f": round(statistics.mean(best_dev), 2) if len(best_dev) == len(f) else None,
+            "train_minutes": round(minutes, 1) if minutes is not None else None,
+            "dev_best_f": round(statistics.mean(best_dev), 2) if best_dev else None,
         }
     return summary
 

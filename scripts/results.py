@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from scripts.report import SEED, load_runs, main_score, read_json, seed_summary
+from scripts.report import SeedGroup, load_runs, read_json, seed_groups
 from scripts.compact_f1 import summarise as summarise_compact_f1
 from scripts.load_cost import summarise as summarise_load_cost
 from scripts.pipe_memory import summarise as summarise_pipe_memory
@@ -103,59 +103,8 @@ def rel(path: Path) -> str:
     return Path(*parts[len(parts) - 1 - parts[::-1].index("metrics"):]).as_posix()
 
 
-@dataclass
-class Group:
-    """Runs `<name>-seed<N>` of one folder (or a run without a seed)."""
-    folder: Path
-    name: str
-    runs: Dict[int, dict]
-
-    def scores(self, key: str = "f") -> Dict[int, float]:
-        out = {}
-        for seed, run in self.runs.items():
-            if key == "f":
-                value = main_score(run["metrics"])
-            elif key == "doc":
-                value = main_score(run["doc"]) if run["doc"] else None
-            elif key == "dev_best":
-                value = max(f for _, f in run["curve"]) / 100 if run["curve"] else None
-            else:
-                raise ValueError(key)
-            if value is not None:
-                out[seed] = 100 * float(value)
-        if key == "dev_best" and len(out) != len(self.runs):
-            # as in scripts/report.py: a best dev F1 only where every seed has a curve (a run
-            # whose training read a cut dev set has none: report.cut_dev), never a mean of some
-            return {}
-        return out
-
-    def minutes(self) -> Optional[float]:
-        values = [run["train"]["wall_s"] / 60 for run in self.runs.values() if run["train"]]
-        return statistics.mean(values) if values else None
-
-    def peak_gib(self) -> Optional[float]:
-        values = [run["train"]["peak_rss_mib"] / 1024 for run in self.runs.values()
-                  if run["train"] and run["train"].get("peak_rss_mib")]
-        return statistics.mean(values) if values else None
-
-    def first_train(self) -> Optional[dict]:
-        return next((run["train"] for _, run in sorted(self.runs.items()) if run["train"]), None)
-
-
-def groups_of(folder: Path) -> Dict[str, Group]:
-    """Runs gathered over seeds; a run named without a seed is a group of its own (named
-    `<name> (no seed)` where seeded runs of the same name exist)."""
-    runs = load_runs(folder)
-    seeded = {m["name"] for m in map(SEED.match, runs) if m}
-    groups: Dict[str, Group] = {}
-    for name, run in runs.items():
-        match = SEED.match(name)
-        if match:
-            key, seed = match["name"], int(match["seed"])
-        else:
-            key, seed = (f"{name} (no seed)" if name in seeded else name), -1
-        groups.setdefault(key, Group(folder, key, {})).runs[seed] = run
-    return groups
+def groups_of(folder: Path) -> Dict[str, SeedGroup]:
+    return seed_groups(load_runs(folder))
 
 
 def folder_split(folder: Path) -> str:
@@ -475,7 +424,7 @@ SCORE_NAMES = {"f": "F1 of the run file", "doc": "documents F1", "dev_best": "be
 def levers_table(metrics: Path) -> List[str]:
     lines = ["| lever | dev score | seeds | lever | baseline | paired difference | training, min (lever / baseline) | "
              "decision | files |", "|---|---|---|---:|---:|---:|---:|---|---|"]
-    cache: Dict[str, Dict[str, Group]] = {}
+    cache: Dict[str, Dict[str, SeedGroup]] = {}
     for lever in LEVERS:
         for folder in (lever.folder, lever.base_folder):
             if folder not in cache:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from scripts.report import read_json
+from scripts.report import load_runs, read_json, seed_groups
 
 
 @dataclass
@@ -39,9 +39,7 @@ SPEED_FILE = "bench/multitask-speed.json"
 
 def scores(metrics: Path, folder: str, name: str, key: Optional[str] = None) -> Dict[int, float]:
     """seed -> test score in % of the runs <name>-seed<N>: their headline score, or `key`."""
-    from scripts.results import groups_of
-
-    group = groups_of(metrics / folder).get(name) if (metrics / folder).is_dir() else None
+    group = seed_groups(load_runs(metrics / folder)).get(name) if (metrics / folder).is_dir() else None
     if group is None:
         return {}
     if key is None:
