@@ -80,7 +80,7 @@ def tiny_nlp(config_path, model_dir, **overrides):
         if isinstance(node, dict):
             if node.get("@architectures") == "spacy_unmask.DecoderTok2Vec.v1":
                 node.update({"name": model_dir, "dtype": "float32", **overrides})
-            if node.get("@architectures") == "spacy.Tok2VecListener.v1":
+            if node.get("@architectures") in ("spacy.Tok2VecListener.v1", "spacy_unmask.Tok2VecListener.v1"):
                 node["width"] = 32  # the tiny models' hidden size
             for value in node.values():
                 fit(value)
@@ -264,6 +264,31 @@ def test_one_decoder_pass_feeds_ner_chunks_and_tags(tiny_dirs, tmp_path):
 
     assert [annotations(d) for d in docs] == [annotations(d) for d in nlp.pipe(texts)]  # saved and loaded whole
     assert all(len(d.spans["chunks"].attrs["scores"]) == len(d.spans["chunks"]) > 0 for d in docs)
+
+
+def test_grad_factor_weights_what_a_listener_sends_to_the_shared_decoder(tiny_dirs):
+    # the tok2vec component's loss is the sum of squares of what each listener sends back,
+    # so with NER's factor at 0, 1 and 2 it is b, b + a and b + 4a (a: NER's share)
+    nlp = tiny_nlp(ROOT / "configs" / "multitask.cfg", tiny_dirs("llama", "metaspace"), lora_dropout=0.0)
+    examples = make_examples(nlp, n=8)
+    train(nlp, examples, steps=3)  # the heads start at zero, and send nothing back before a step
+    listener = nlp.get_pipe("ner").model.get_ref("tok2vec")
+    sent = {}
+    for factor in (0.0, 1.0, 2.0):
+        listener.attrs["grad_factor"] = factor
+        losses = {}
+        nlp.update(examples, sgd=False, drop=0.0, losses=losses)  # no step: the same weights each time
+        sent[factor] = losses["tok2vec"]
+    ner_share = sent[1.0] - sent[0.0]
+    assert ner_share > 0.01 * sent[0.0]
+    assert sent[2.0] == pytest.approx(sent[0.0] + 4 * ner_share, rel=1e-4)
+
+
+def test_grad_factor_must_be_a_finite_number_at_least_0():
+    config = {"model": {"@architectures": "spacy.Tagger.v2", "tok2vec": {
+        "@architectures": "spacy_unmask.Tok2VecListener.v1", "width": 32, "grad_factor": -1.0}}}
+    with pytest.raises(ValueError, match="grad_factor -1.0: must be a finite number, at least 0"):
+        spacy.blank("en").add_pipe("tagger", config=config)
 
 
 def test_span_target_learns_chunks_and_leaves_the_entities_alone(tiny_dirs):
