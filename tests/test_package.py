@@ -15,7 +15,7 @@ LAYERS = [
     ["quantize"],
     ["backbone"],
     ["saving"],
-    ["layers.decoder_tok2vec"],
+    ["layers.decoder_tok2vec", "layers.listener"],
     ["pipeline.viterbi", "pipeline.scoring", "pipeline_files"],
     ["pipeline.marginals"],
     ["pipeline.crf"],
