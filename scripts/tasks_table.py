@@ -7,7 +7,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 from scripts.report import SeedGroup, load_runs, read_json, seed_groups
 
@@ -85,12 +85,10 @@ def grad_factors(group: SeedGroup) -> str:
 
 def with_seeds(scores: Dict[int, float]) -> str:
     """Mean ± spread over seeds, and which seeds ("–" where none ran)."""
-    from scripts.results import mean_sd
-
     if not scores:
         return "–"
     seeds = sorted(scores)
-    return f"{mean_sd([scores[s] for s in seeds])} (seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))})"
+    return f"{mean_sd_of(scores)} (seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))})"
 
 
 def mean_sd_of(scores: Dict[int, float]) -> str:

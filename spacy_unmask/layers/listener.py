@@ -2,11 +2,11 @@
 
 Components that listen to one `tok2vec` component (configs/multitask.cfg) send it the sum
 of their gradients, and the decoder's update follows that sum. Tasks do not pull equally:
-a task that is mostly solved (NER, where most tokens are outside any entity) sends far
-smaller gradients than chunking or tagging, so in a shared pass it learns more slowly
-than alone. `grad_factor` multiplies what one listener sends back, as spacy-transformers'
-TransformerListener does (0 keeps the decoder from learning from the component); the
-component's own head learns from its full gradient either way.
+a task that is mostly easy (NER, where most tokens are outside any entity) sends smaller
+gradients than chunking or tagging. `grad_factor` multiplies what one listener sends
+back, as spacy-transformers' TransformerListener does (0 keeps the decoder from learning
+from the component); the component's own layer learns from its full gradient either way.
+What doubling the entities' factor does on CoNLL-2003 is in docs/tasks.md.
 """
 import math
 from typing import List
