@@ -424,27 +424,47 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="metrics/<corpus> folders, or a folder holding them (default: metrics)")
     parser.add_argument("--split", default="test", help="the split the runs were scored on, for the headings (default test)")
     parser.add_argument("--no-write", action="store_true", help="print only, do not write SUMMARY.md")
+    parser.add_argument("--check", action="store_true",
+                        help="write nothing; exit 1 if a SUMMARY.md or summary.json is not what the runs beside it "
+                             "give (the split is the one summary.json records)")
     args = parser.parse_args(argv)
     found = 0
+    stale = []
     for path in args.paths:
         if not path.is_dir():
             print(f"report: no folder {path}", file=sys.stderr)
             continue
         for folder, runs in corpus_folders(path).items():
-            text = summarize(folder, runs, args.split)
             found += 1
+            split = recorded_split(folder, args.split) if args.check else args.split
+            text = summarize(folder, runs, split)
+            seeds = seed_summary(runs)
+            # the split the runs were scored on, beside the runs' rows
+            outputs = {folder / "SUMMARY.md": text}
+            if seeds:
+                outputs[folder / "summary.json"] = json.dumps({"split": split, **seeds}, indent=2) + "\n"
+            if args.check:
+                stale += [path for path, content in outputs.items()
+                          if not path.is_file() or path.read_text(encoding="utf8") != content]
+                continue
             if not args.no_write:
-                (folder / "SUMMARY.md").write_text(text, encoding="utf8")
+                for out, content in outputs.items():
+                    out.write_text(content, encoding="utf8")
                 plot_curves(folder, runs)
-                seeds = seed_summary(runs)
-                if seeds:
-                    # the split the runs were scored on, beside the runs' rows
-                    (folder / "summary.json").write_text(json.dumps({"split": args.split, **seeds}, indent=2) + "\n",
-                                                         encoding="utf8")
             print(text)
     if not found:
         print("report: no metrics found (run a training workflow first)", file=sys.stderr)
-    return 0
+    for path in stale:
+        print(f"stale: {path} (run `python -m spacy project run report`)", file=sys.stderr)
+    return 1 if stale else 0
+
+
+def recorded_split(folder: Path, default: str) -> str:
+    """The split a folder's summary.json says its runs were scored on (`default` where none)."""
+    path = folder / "summary.json"
+    if not path.is_file():
+        return default
+    return json.loads(path.read_text(encoding="utf8")).get("split", default)
 
 
 if __name__ == "__main__":

@@ -50,6 +50,12 @@ def test_report(tmp_path, capsys):
     assert "| gemma3-none | 1 | 70.00 | – | – | – |" in summary  # one seed: no spread shown
     assert (corpus / "curves.png").stat().st_size > 1000 and "(curves.png)" in summary
     assert "Span-level scores on test " in summary and "Over seeds (test F1" in summary
+    assert report.main([str(tmp_path / "metrics"), "--check"]) == 0
+    write_metrics(corpus / "gemma3-none-seed1.json", 0.72, 0.72, 0.72, {})  # a new run, no report written
+    assert report.main([str(tmp_path / "metrics"), "--check"]) == 1
+    assert "stale: " in capsys.readouterr().err
+    assert json.loads((corpus / "summary.json").read_text()) == seeds  # --check wrote nothing
+    (corpus / "gemma3-none-seed1.json").unlink()
     assert report.main([str(corpus), "--split", "dev", "--no-write"]) == 0  # runs scored on dev say so
     dev_summary = capsys.readouterr().out
     assert "Span-level scores on dev " in dev_summary and "Over seeds (dev F1" in dev_summary

@@ -4,7 +4,7 @@ import json
 import re
 from pathlib import Path
 
-from scripts import results
+from scripts import report, results
 
 ROOT = Path(__file__).resolve().parents[1]
 # a figure: a decimal number (91.68, 0.46, 1.17) or a number with thousands separators (1,009)
@@ -25,6 +25,11 @@ def prose(text: str) -> str:
 def test_the_results_page_and_the_quoted_tables_are_up_to_date():
     """Fails when metrics/ changed or a page was edited by hand: run `python -m spacy project run results`."""
     assert results.main(["--check"]) == 0
+
+
+def test_every_summary_in_metrics_is_up_to_date():
+    """Fails when a run landed in metrics/ without its SUMMARY.md: run `python -m spacy project run report`."""
+    assert report.main([str(ROOT / "metrics"), "--check"]) == 0
 
 
 def test_every_figure_in_the_readme_and_docs_is_on_the_results_page():
